@@ -1,0 +1,48 @@
+"""The one KV cache that drafting and verification share; it owns the valid length, rollback moves it.
+
+Built on `transformers`' `DynamicCache` so every decoder family works unchanged. Rollback crops each layer's
+keys and values to the committed length (slicing only: nothing is copied, and the next write replaces the
+dropped tail, so memory never grows with rejected drafts). Knows nothing about drafts or sampling.
+"""
+from __future__ import annotations
+
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+
+class KVCache:
+    def __init__(self, model):
+        self.hf_cache = DynamicCache(config=model.config)
+        for layer in self.hf_cache.layers:
+            if isinstance(layer, DynamicSlidingWindowLayer):
+                # Keep the tokens a rollback may need to restore; `crop` trims back to the window afterwards.
+                layer.activate_past_recording()
+            elif type(layer) is not DynamicLayer:
+                raise NotImplementedError(
+                    f"{type(model).__name__} uses a {type(layer).__name__} cache layer, whose state cannot be rolled "
+                    "back by length; selfspec supports attention-only decoders (Llama, Mistral, Qwen, Gemma, Phi, GPT-2, ...)."
+                )
+
+    def layer_length(self, layer_idx: int) -> int:
+        return self.hf_cache.layers[layer_idx].get_seq_length()
+
+    @property
+    def length(self) -> int:
+        """Tokens held by every layer (layers differ only transiently, while an early-exit draft is in flight)."""
+        return min(self.layer_length(i) for i in range(len(self.hf_cache.layers)))
+
+    def rollback(self, length: int) -> None:
+        """Cut every layer back to its first `length` tokens."""
+        for layer in self.hf_cache.layers:
+            excess = layer.get_seq_length() - length
+            if excess < 0:
+                raise ValueError(f"cannot roll a cache of {layer.get_seq_length()} tokens forward to {length}")
+            layer.crop(-excess)  # crop(-n) removes n tokens; crop(0) is a no-op (or re-trims a sliding window)
+
+    def nbytes(self) -> int:
+        """Bytes of storage the cache's tensors hold (what rollback must keep bounded)."""
+        total = 0
+        for layer in self.hf_cache.layers:
+            if layer.is_initialized:
+                total += layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()
+        return total

@@ -1,0 +1,66 @@
+"""The one drafter interface: every drafter gets the same context and returns draft tokens (+ draft probs).
+
+Drafters never see the verifier or the sampling outcome beyond how many of their tokens were accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import torch
+
+from selfspec.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from selfspec.cache import KVCache
+    from selfspec.target import TargetModel
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    token_ids: torch.Tensor  # [num_tokens] the sequence so far; its last token is pending (not yet in the cache)
+    hidden_state: torch.Tensor  # [hidden] final hidden state at the position that predicted the pending token
+    num_draft_tokens: int  # the most tokens this step may propose (a drafter may propose fewer, even none)
+    sampling: SamplingConfig
+    generator: torch.Generator | None
+    target: "TargetModel"  # the shared model, for drafters that run part of it (early exit)
+    cache: "KVCache"  # the shared cache; holds token_ids[:-1]
+
+
+@dataclass(frozen=True)
+class Draft:
+    tokens: torch.Tensor  # [num_draft_tokens] long
+    probs: torch.Tensor | None = None  # [num_draft_tokens, vocab] draft_probs tokens were sampled from; None = point masses
+    # Shared work (early exit): the first `prefilled_layers` layers already ran over [pending, *tokens] and wrote
+    # the cache; `prefilled_hidden` [num_draft_tokens + 1, hidden] is their output, so verification resumes there.
+    prefilled_layers: int = 0
+    prefilled_hidden: torch.Tensor | None = None
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.tokens.shape[0]
+
+    @classmethod
+    def empty(cls, device) -> "Draft":
+        return cls(torch.empty(0, dtype=torch.long, device=device))
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    def propose(self, context: DraftContext) -> Draft:
+        """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids`."""
+        ...
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        """Learn how many of the last proposal's tokens the verifier accepted (may do nothing)."""
+        ...
+
+
+class NoDrafter:
+    """Speculation off: every step verifies the pending token alone, which is plain decoding through the engine."""
+
+    def propose(self, context: DraftContext) -> Draft:
+        return Draft.empty(context.token_ids.device)
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        pass

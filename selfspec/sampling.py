@@ -1,0 +1,92 @@
+"""Sampling settings and the logits -> probabilities transforms, with `transformers`' `generate` semantics.
+
+Knows nothing about models, caches or drafts: the verifier applies these same transforms to the draft and
+to the target, so both sides are warped identically.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# transformers' `generate` casts logits to float32 before any processor. Our sampling math runs in float32, or
+# wider when the model is wider (float64 test models), never narrower; greedy compares in float32 exactly as
+# `generate` does, so argmax ties fall where `generate` puts them.
+PROB_DTYPE = torch.float32
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How the next token is chosen. Greedy (`do_sample=False`) ignores the three warpers, as `generate` does."""
+
+    do_sample: bool = False
+    temperature: float = 1.0  # applied when != 1.0, first (TemperatureLogitsWarper)
+    top_k: int | None = None  # None or 0 disables it; applied second (TopKLogitsWarper)
+    top_p: float | None = None  # None or 1.0 disables it; applied third (TopPLogitsWarper)
+
+    def __post_init__(self):
+        if not isinstance(self.do_sample, bool):
+            raise ValueError(f"do_sample must be True or False, got {self.do_sample!r}")
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise ValueError(
+                f"temperature must be a finite number > 0, got {t!r}; for greedy decoding pass do_sample=False "
+                "instead of temperature=0"
+            )
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"top_k must be None or an integer >= 0 (0 disables it), got {self.top_k!r}")
+        if self.top_p is not None:
+            p = self.top_p
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+                raise ValueError(f"top_p must be None or a number in (0, 1] (1.0 disables it), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return not self.do_sample
+
+
+def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """Temperature, then top-k, then top-p, exactly as `generate(do_sample=True, ...)` chains them.
+
+    logits: [..., vocab]; returns float32 (or wider) logits with removed tokens set to -inf.
+    """
+    scores = logits.to(torch.promote_types(logits.dtype, PROB_DTYPE))
+    if sampling.temperature != 1.0:
+        scores = scores / sampling.temperature
+    if sampling.top_k:  # TopKLogitsWarper: keep every token scoring at least the k-th best (ties kept)
+        k = min(sampling.top_k, scores.shape[-1])
+        kth_best = torch.topk(scores, k, dim=-1).values[..., -1:]
+        scores = scores.masked_fill(scores < kth_best, -math.inf)
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        # TopPLogitsWarper: drop the low tail whose total mass is <= 1 - top_p; always keep the best token.
+        sorted_scores, sorted_idx = torch.sort(scores, descending=False, dim=-1)
+        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        sorted_remove = cumulative <= (1 - sampling.top_p)
+        sorted_remove[..., -1:] = False
+        remove = sorted_remove.scatter(-1, sorted_idx, sorted_remove)
+        scores = scores.masked_fill(remove, -math.inf)
+    return scores
+
+
+def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """[..., vocab] logits -> [..., vocab] float32-or-wider probabilities under `sampling`.
+
+    Greedy gives a one-hot at the float32 argmax (first index on ties, like `torch.argmax` in `generate`).
+    """
+    if sampling.greedy:
+        probs = torch.zeros(logits.shape, dtype=torch.promote_types(logits.dtype, PROB_DTYPE), device=logits.device)
+        return probs.scatter_(-1, greedy_tokens(logits).unsqueeze(-1), 1.0)
+    return warp_logits(logits, sampling).softmax(dim=-1)
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """[..., vocab] -> [...] argmax over the logits rounded to float32, exactly as `generate(do_sample=False)` picks
+    (it casts to float32 first, so even a float64 model is compared in float32; ties go to the lowest id)."""
+    return logits.to(torch.float32).argmax(dim=-1)
+
+
+def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """[..., vocab] probabilities -> [...] one sampled token id per row."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -1,0 +1,67 @@
+"""The target model as the engine sees it: token ids through the shared cache to final hidden states, then logits.
+
+Wraps any `transformers` causal LM through its public parts (`get_decoder()`, `get_output_embeddings()`) and
+checks once, at wrap time, that those parts reproduce the model's own logits. Knows nothing about drafts.
+"""
+from __future__ import annotations
+
+import torch
+
+from selfspec.cache import KVCache
+
+
+class TargetModel:
+    def __init__(self, model):
+        if not hasattr(model, "get_output_embeddings") or model.get_output_embeddings() is None:
+            raise TypeError(f"{type(model).__name__} has no LM head: pass a causal LM (AutoModelForCausalLM)")
+        try:
+            self.decoder = model.get_decoder()
+        except (AttributeError, NotImplementedError, ValueError) as err:
+            raise TypeError(f"cannot reach the decoder stack of {type(model).__name__}: {err}") from err
+        if self.decoder is None or self.decoder is model:
+            raise TypeError(f"cannot reach the decoder stack of {type(model).__name__} (get_decoder() gave none)")
+        self.model = model.eval()  # decoding never wants dropout; from_pretrained models are in eval mode already
+        self.lm_head = model.get_output_embeddings()
+        config = model.config
+        # Final logit transforms some families apply after the LM head (Gemma 2/3 soft-capping, Cohere scale,
+        # Granite scaling); `_check_logits` below proves the list covers the model at hand.
+        self._softcap = getattr(config, "final_logit_softcapping", None)
+        self._scale = getattr(config, "logit_scale", None)
+        self._divide = getattr(config, "logits_scaling", None)
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.hidden_size = self.lm_head.weight.shape[1]
+        self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+        self.device = self.lm_head.weight.device
+        self._check_logits()
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.model)
+
+    def forward(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """[num_tokens] ids appended after the cache's contents -> [num_tokens, hidden] final (normed) hidden states."""
+        out = self.decoder(input_ids=token_ids[None], cache=cache.hf_cache, use_cache=True)
+        return out.last_hidden_state[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab], exactly what the model's own forward returns as logits."""
+        logits = self.lm_head(hidden)
+        if self._scale is not None:
+            logits = logits * self._scale
+        if self._divide is not None:
+            logits = logits / self._divide
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
+
+    @torch.no_grad()
+    def _check_logits(self) -> None:
+        probe = torch.arange(4, device=self.device) % self.vocab_size
+        expected = self.model(input_ids=probe[None]).logits[0]
+        got = self.logits(self.forward(probe, self.new_cache()))
+        tolerance = 1e-3 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-5
+        scale = expected.abs().max().clamp_min(1.0)
+        if got.shape != expected.shape or (got - expected).abs().max() > tolerance * scale * 10:
+            raise TypeError(
+                f"selfspec cannot reproduce {type(self.model).__name__}'s logits from its decoder and LM head "
+                "(it applies a final transform selfspec does not know). Please open an issue naming the model."
+            )

@@ -1,0 +1,74 @@
+"""The exact verifier: accept or reject a chain of draft tokens against the target's distributions.
+
+Pure functions over tensors: no model, no cache, no I/O. Words as in vLLM: a draft token is *accepted*; the
+token sampled at the first rejection is *recovered*; the token after a fully accepted chain is the *bonus*.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from selfspec.sampling import greedy_tokens, sample_from
+
+
+@dataclass(frozen=True)
+class Verdict:
+    num_accepted: int  # leading draft tokens kept, 0..num_draft_tokens
+    next_token: int  # recovered token (a rejection happened) or bonus token (all accepted)
+
+
+def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Verdict:
+    """Greedy decoding: keep drafts while they equal the target's argmax; the next token is the argmax after them.
+
+    draft_tokens: [num_draft_tokens]; target_logits: [num_draft_tokens + 1, vocab] (row i scores position i).
+    """
+    target_tokens = greedy_tokens(target_logits)  # [num_draft_tokens + 1]
+    num_draft_tokens = draft_tokens.shape[0]
+    mismatch = (draft_tokens != target_tokens[:num_draft_tokens]).nonzero()
+    num_accepted = int(mismatch[0, 0]) if mismatch.numel() else num_draft_tokens
+    return Verdict(num_accepted, int(target_tokens[num_accepted]))
+
+
+def verify_sampled(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> Verdict:
+    """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the output has exactly the target's law.
+
+    draft_tokens: [num_draft_tokens], draft token i was sampled from draft_probs[i].
+    draft_probs:  [num_draft_tokens, vocab], or None when every draft is a point mass (n-gram, argmax heads).
+    target_probs: [num_draft_tokens + 1, vocab], already warped exactly as the draft side was; float32 or wider.
+
+    Accept draft i with probability min(1, target/draft); at the first rejection sample the recovered token from
+    norm(max(0, target - draft)) and stop; if all are accepted sample the bonus token from the last target row.
+    """
+    num_draft_tokens = draft_tokens.shape[0]
+    rows = torch.arange(num_draft_tokens, device=target_probs.device)
+    target_of_draft = target_probs[rows, draft_tokens]  # [num_draft_tokens]
+    if draft_probs is None:
+        draft_of_draft = torch.ones_like(target_of_draft)
+    else:
+        draft_of_draft = draft_probs[rows, draft_tokens].to(target_probs.dtype)
+    uniform = torch.rand(num_draft_tokens, generator=generator, device=target_probs.device, dtype=target_probs.dtype)
+    # u < p/q written without the division; p == 0 never accepts, p >= q always does.
+    accepted = uniform * draft_of_draft < target_of_draft
+    rejected = (~accepted).nonzero()
+    if not rejected.numel():
+        return Verdict(num_draft_tokens, int(sample_from(target_probs[num_draft_tokens], generator)))
+
+    num_accepted = int(rejected[0, 0])
+    target_row = target_probs[num_accepted]
+    if draft_probs is None:
+        draft_row = torch.zeros_like(target_row)
+        draft_row[draft_tokens[num_accepted]] = 1.0
+    else:
+        draft_row = draft_probs[num_accepted].to(target_row.dtype)
+    residual = (target_row - draft_row).clamp_min(0.0)
+    # A rejection has probability sum(max(0, draft - target)) = sum(residual), so in exact arithmetic a rejection
+    # implies residual mass > 0. Rounding can leave ~0 mass when draft == target; then the target row is the law.
+    if float(residual.sum()) <= torch.finfo(residual.dtype).tiny:
+        residual = target_row
+    return Verdict(num_accepted, int(sample_from(residual / residual.sum(), generator)))
