@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.drafters import make_drafter
+from selfspec.draft_length import draft_length_policy
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample_from
 from selfspec.stats import GenerationStats
@@ -56,7 +57,6 @@ class SelfSpecModel:
             tokenizer = None
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, **(drafter_options or {}))
 
-    @torch.inference_mode()
     def generate(
         self,
         input_ids,
@@ -70,22 +70,29 @@ class SelfSpecModel:
         generator: torch.Generator | None = None,
         eos_token_id: int | list[int] | None = None,
     ) -> GenerateOutput:
-        sampling = SamplingConfig(do_sample, temperature, top_k, top_p)
+        """Decode one prompt (str, list of ids, [T] or [1, T]); arguments mean what they mean in `generate`."""
         prompt = self._prompt_ids(input_ids)
-        _check_lengths(prompt.shape[0], max_new_tokens, num_draft_tokens, self.target.max_positions)
-        if generator is None and seed is not None:
-            generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        stop = StopCondition(max_new_tokens, self._eos_ids(eos_token_id))
         stats = GenerationStats()
-        new_tokens = self._decode(prompt, sampling, num_draft_tokens, generator, stop, stats)
+        new_tokens = []
+        for tokens in self._decode(
+            prompt, max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens,
+            seed, generator, eos_token_id, stats,
+        ):
+            new_tokens += tokens
         sequences = torch.cat([prompt, prompt.new_tensor(new_tokens)])[None]
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer is not None else None
         return GenerateOutput(sequences, stats, text)
 
-    def _decode(self, prompt, sampling, num_draft_tokens, generator, stop, stats) -> list[int]:
-        """Prefill, then propose -> verify -> accept -> roll back -> feed back until `stop` says done."""
-        target, cache, emitted = self.target, self.target.new_cache(), []
-        buffer = prompt.new_empty(prompt.shape[0] + stop.max_new_tokens + num_draft_tokens + 1)  # [tokens]
+    @torch.inference_mode()
+    def _decode(self, prompt, max_new_tokens, sampling, num_draft_tokens, seed, generator, eos_token_id, stats):
+        """Prefill, then propose -> verify -> accept -> roll back -> feed back; yields each step's new tokens."""
+        _check_lengths(prompt.shape[0], max_new_tokens, self.target.max_positions)
+        draft_length = draft_length_policy(num_draft_tokens)
+        if generator is None and seed is not None:
+            generator = torch.Generator(device=self.target.device).manual_seed(seed)
+        stop = StopCondition(max_new_tokens, self._eos_ids(eos_token_id))
+        target, cache = self.target, self.target.new_cache()
+        buffer = prompt.new_empty(prompt.shape[0] + max_new_tokens)  # [tokens]: committed ids, then the pending one
         buffer[: prompt.shape[0]] = prompt
         started = time.perf_counter()
         hidden = target.forward(prompt, cache)[-1]  # [hidden] state that predicts the first new token
@@ -93,25 +100,30 @@ class SelfSpecModel:
         stats.target_forwards, num_tokens = 1, prompt.shape[0]
         stats.prefill_seconds = time.perf_counter() - started
         while not stop.done:
-            emitted += stop.admit([next_token])
+            yield self._emit(stop, [next_token], stats)
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
             if stop.done:
                 break
-            k = min(num_draft_tokens, stop.remaining - 1)  # a step emits at most k + 1 tokens
+            k = min(draft_length.choose(), stop.remaining - 1)  # a step emits at most k + 1 tokens
             draft = self._propose(buffer[:num_tokens], hidden, k, sampling, generator, cache)
             verify_ids = torch.cat([buffer[num_tokens - 1 : num_tokens], draft.tokens])  # [k + 1]
             hidden_all = target.forward(verify_ids, cache)  # [k + 1, hidden]
             verdict = _verify(draft, target.logits(hidden_all), sampling, generator)
             cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
             accepted = draft.tokens[: verdict.num_accepted]
-            emitted += stop.admit(accepted.tolist())
             buffer[num_tokens : num_tokens + verdict.num_accepted] = accepted
             num_tokens += verdict.num_accepted
             hidden, next_token = hidden_all[verdict.num_accepted], verdict.next_token
             self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+            draft_length.observe(draft.num_draft_tokens, verdict.num_accepted)
             stats.record_step(draft.num_draft_tokens, verdict.num_accepted)
-        stats.new_tokens = len(emitted)
+            yield self._emit(stop, accepted.tolist(), stats)
         stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
+
+    @staticmethod
+    def _emit(stop: StopCondition, tokens: list[int], stats: GenerationStats) -> list[int]:
+        emitted = stop.admit(tokens)
+        stats.new_tokens = stop.num_emitted
         return emitted
 
     def _propose(self, token_ids, hidden, num_draft_tokens, sampling, generator, cache) -> Draft:
@@ -164,11 +176,9 @@ def _verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
     return verify_sampled(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), generator)
 
 
-def _check_lengths(prompt_len: int, max_new_tokens: int, num_draft_tokens: int, max_positions: int | None) -> None:
+def _check_lengths(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
-        raise ValueError(f"num_draft_tokens must be an integer >= 0 (0 turns speculation off), got {num_draft_tokens!r}")
     if max_positions is not None and prompt_len + max_new_tokens > max_positions:
         raise ValueError(
             f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context window "
