@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from heads.medusa import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, ResBlock
+from heads.medusa import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, ResBlock, load_state_in_its_dtype
 
 FORMAT_NAME = "selfspec-exit-adapter"
 
@@ -67,10 +67,9 @@ class ExitAdapter(nn.Module):
             raise ValueError(f"{directory!r} holds {raw.get('format', 'something else')!r}, not an exit adapter")
         base = BaseIdentity(**{**raw["base"], "signature": tuple(raw["base"].get("signature", ()))})
         adapter = cls(ExitAdapterConfig(raw["exit_layer"], raw["num_layers"], base))
-        adapter.load_state_dict(load_file(os.path.join(directory, WEIGHTS_NAME)))
+        load_state_in_its_dtype(adapter, load_file(os.path.join(directory, WEIGHTS_NAME)))
         if model is not None:
-            if check_base:
-                base.check_matches(BaseIdentity.of(model), f"the exit adapter in {directory!r}")
+            base.check_matches(BaseIdentity.of(model), f"the exit adapter in {directory!r}", check_identity=check_base)
             weight = model.get_output_embeddings().weight
             adapter = adapter.to(device=weight.device, dtype=weight.dtype)
         return adapter

@@ -1,4 +1,5 @@
-"""Medusa heads: K small residual blocks on the base model's last hidden state, head k guessing token t+1+k.
+"""Medusa heads: K small residual blocks on the base model's last hidden state at position t; head k (0-based)
+guesses token t+2+k (the base itself predicts t+1).
 
 Knows the head architecture, its initialisation and its own safetensors checkpoint format (with the identity
 of the base it was built for). Knows nothing about decoding; published Medusa and vLLM formats live in
@@ -44,8 +45,9 @@ class BaseIdentity:
             signature=lm_head_signature(model),
         )
 
-    def check_matches(self, base: "BaseIdentity", what: str = "these heads") -> None:
-        """Raise a ValueError saying what differs and how to fix it."""
+    def check_matches(self, base: "BaseIdentity", what: str = "these heads", check_identity: bool = True) -> None:
+        """Raise a ValueError saying what differs and how to fix it. Shapes are always checked (no override can
+        make them fit); check_identity=False skips only the LM-head signature (same shapes, another training)."""
         fix = "Load heads trained for this model, or train new ones with `python -m training.heads --model ...`."
         if self.hidden_size != base.hidden_size:
             raise ValueError(
@@ -55,7 +57,7 @@ class BaseIdentity:
             raise ValueError(
                 f"{what} expect a vocabulary of {self.vocab_size} tokens but the model has {base.vocab_size}. {fix}"
             )
-        if self.signature and base.signature:
+        if check_identity and self.signature and base.signature:
             ours, theirs = torch.tensor(self.signature), torch.tensor(base.signature)
             if not torch.allclose(ours, theirs, rtol=2e-2, atol=2e-3):
                 raise ValueError(
@@ -63,6 +65,15 @@ class BaseIdentity:
                     f"{self.model_type}): its LM-head weights differ from this model's "
                     f"({base.name_or_path or 'unnamed'}). {fix} To force it anyway pass check_base=False."
                 )
+
+
+def load_state_in_its_dtype(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """load_state_dict without a detour through the module's construction dtype (float32), which would round
+    float64 weights; the caller moves the module to a model's dtype afterwards if it wants another."""
+    dtypes = {v.dtype for v in state.values()}
+    if len(dtypes) == 1:
+        module.to(dtypes.pop())
+    module.load_state_dict(state)
 
 
 def lm_head_signature(model) -> tuple[float, ...]:
@@ -142,17 +153,18 @@ class MedusaHeads(nn.Module):
             return base_logits(states)
         return torch.stack([lm_head(states[..., i, :]) for i, lm_head in enumerate(self.lm_heads[: states.shape[-2]])], -2)
 
-    def check_base(self, model, what: str = "these heads") -> None:
-        self.config.base.check_matches(BaseIdentity.of(model), what)
+    def check_base(self, model, what: str = "these heads", check_identity: bool = True) -> None:
+        self.config.base.check_matches(BaseIdentity.of(model), what, check_identity)
 
     # -- checkpoints -------------------------------------------------------------------------------------------
 
-    def save_pretrained(self, directory: str | os.PathLike, format: str = "selfspec") -> None:
-        """Write safetensors weights plus a config.json recording the base; format="vllm" writes vLLM's layout."""
+    def save_pretrained(self, directory: str | os.PathLike, format: str = "selfspec", model=None) -> None:
+        """Write safetensors weights plus a config.json recording the base; format="vllm" writes vLLM's layout
+        (which, with a shared LM head, needs the base `model` to copy its LM head into the file)."""
         if format == "vllm":
             from heads.formats import save_vllm
 
-            return save_vllm(self, directory)
+            return save_vllm(self, directory, model=model)
         if format != "selfspec":
             raise ValueError(f"unknown heads format {format!r}; choose 'selfspec' or 'vllm'")
         os.makedirs(directory, exist_ok=True)
@@ -165,8 +177,8 @@ class MedusaHeads(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "MedusaHeads":
-        """Load heads saved by `save_pretrained` (or published Medusa heads); with `model`, check they fit it and
-        move them to its device and dtype."""
+        """Load heads saved by `save_pretrained` (or published Medusa heads, or a vLLM export); with `model`, check
+        they fit it and move them to its device and dtype."""
         config_path = os.path.join(directory, CONFIG_NAME)
         if not os.path.isfile(config_path):
             raise FileNotFoundError(f"no {CONFIG_NAME} in {directory!r}: not a heads directory")
@@ -179,10 +191,9 @@ class MedusaHeads(nn.Module):
         else:
             base = BaseIdentity(**{**raw["base"], "signature": tuple(raw["base"].get("signature", ()))})
             heads = cls(MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base))
-            heads.load_state_dict(load_file(os.path.join(directory, WEIGHTS_NAME)))
+            load_state_in_its_dtype(heads, load_file(os.path.join(directory, WEIGHTS_NAME)))
         if model is not None:
-            if check_base:
-                heads.check_base(model, f"the heads in {directory!r}")
+            heads.check_base(model, f"the heads in {directory!r}", check_identity=check_base)
             weight = model.get_output_embeddings().weight
             heads = heads.to(device=weight.device, dtype=weight.dtype)
         return heads
