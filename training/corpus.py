@@ -9,7 +9,8 @@ What is in the corpus and why:
   ``idlelib/idle_test``, ``lib2to3/tests``, ``unittest/test``, ...) and files named ``test_*.py`` or
   ``*_test.py``. About 60 % of the stdlib's bytes are its own tests; a small model trained on them
   spends its capacity on ``self.assertEqual(...)`` and writes it all day. Without them the corpus is
-  about 12 MB of ordinary library code.
+  about 11 MB of ordinary library code in ~730 files (CPython 3.11: 692 train, 41 held out, 2.9M
+  training tokens with the 8192-token tokenizer).
 - EXCLUDED: ``pydoc_data/topics.py``, one ~0.7 MB string literal of English documentation, not code.
 
 Train / held-out is split BY FILE with a hash of the file's path relative to the stdlib root, so the
