@@ -1,0 +1,53 @@
+"""Helpers for statistical exactness tests: the exact law of a short continuation by enumeration, and a
+chi-square comparison of engine samples against it. Shared by every drafter's sampling test."""
+from __future__ import annotations
+
+import itertools
+
+import torch
+from scipy.stats import chisquare
+
+from selfspec.sampling import SamplingConfig, logits_to_probs
+
+
+@torch.no_grad()
+def exact_continuation_law(model, prompt: torch.Tensor, num_new: int, sampling: SamplingConfig) -> dict[tuple, float]:
+    """P(x_1..x_num_new | prompt) under `sampling`, for every continuation, from full (cache-free) forwards."""
+    vocab = model.get_output_embeddings().weight.shape[0]
+    law = {(): 1.0}
+    for _ in range(num_new):
+        prefixes = list(law)
+        batch = torch.stack([torch.cat([prompt[0], prompt.new_tensor(p)]) for p in prefixes])  # [n, len]
+        probs = logits_to_probs(model(batch).logits[:, -1], sampling)  # [n, vocab]
+        law = {
+            p + (t,): law[p] * float(probs[i, t])
+            for i, p in enumerate(prefixes)
+            for t in range(vocab)
+            if probs[i, t] > 0
+        }
+    return law
+
+
+def law_pvalue(samples: list[tuple], law: dict[tuple, float]) -> float:
+    """Chi-square p-value of `samples` against `law`; outcomes expected < 5 times are pooled into one cell."""
+    n = len(samples)
+    counts: dict[tuple, int] = {}
+    for s in samples:
+        assert s in law, f"sampled {s}, which has probability 0 under the model"
+        counts[s] = counts.get(s, 0) + 1
+    observed, expected, pooled_obs, pooled_exp = [], [], 0, 0.0
+    for outcome, p in law.items():
+        if p * n >= 5:
+            observed.append(counts.get(outcome, 0))
+            expected.append(p * n)
+        else:
+            pooled_obs += counts.get(outcome, 0)
+            pooled_exp += p * n
+    if pooled_exp > 0:
+        observed.append(pooled_obs)
+        expected.append(pooled_exp)
+    return float(chisquare(observed, expected).pvalue)
+
+
+def all_sequences(vocab: int, length: int):
+    return list(itertools.product(range(vocab), repeat=length))

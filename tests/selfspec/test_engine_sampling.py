@@ -1,0 +1,89 @@
+"""Sampled speculation has exactly the model's distribution: engine samples vs the law computed by enumeration.
+
+The model has a 4-token vocabulary, so the law of a 4-token continuation (prefill, then one step verifying a
+chain of 2 drafts, then whatever is left) has at most 256 outcomes and is computed exactly from full forwards under the same warpers. The same test fails for a planted verifier bug.
+"""
+import pytest
+import torch
+
+import selfspec.engine
+from heads import MedusaHeads
+from selfspec import SelfSpecModel
+from selfspec.sampling import SamplingConfig
+from selfspec.verifier import Verdict, verify_sampled
+from tests.conftest import tiny_model
+from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+
+VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 2000
+PROMPT = torch.tensor([[3, 1, 2, 3, 1]])  # repeats, so the n-gram drafter proposes something
+
+
+def sharp_model(seed=0):
+    """A tiny float64 model whose next-token distributions are far from uniform (so drafts matter)."""
+    model = tiny_model("llama", seed=seed, vocab_size=VOCAB, hidden=16, num_layers=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+def randomized_heads(model, seed=1):
+    heads = MedusaHeads.for_model(model, num_heads=3)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return heads
+
+
+def engine_samples(spec, sampling: SamplingConfig, num_draft_tokens=2, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    samples, drafted = [], 0
+    for _ in range(NUM_SAMPLES):
+        out = spec.generate(
+            PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
+            top_p=sampling.top_p, num_draft_tokens=num_draft_tokens, generator=generator, eos_token_id=[],
+        )
+        samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
+        drafted += out.stats.drafted
+    assert drafted > NUM_SAMPLES, "the drafter must actually propose tokens for this test to mean anything"
+    return samples
+
+
+SAMPLINGS = {
+    "t1": SamplingConfig(do_sample=True),
+    "t0.7-topk3": SamplingConfig(do_sample=True, temperature=0.7, top_k=3),
+    "topp0.8": SamplingConfig(do_sample=True, top_p=0.8),
+}
+
+
+@pytest.mark.parametrize(
+    "drafter, name", [("medusa", "t1"), ("medusa", "t0.7-topk3"), ("medusa", "topp0.8"), ("ngram", "t1")]
+)
+def test_samples_follow_the_model_law(drafter, name):
+    model = sharp_model()
+    spec = SelfSpecModel(model, drafter=drafter, heads=randomized_heads(model) if drafter == "medusa" else None)
+    law = exact_continuation_law(model, PROMPT, NUM_NEW, SAMPLINGS[name])
+    assert law_pvalue(engine_samples(spec, SAMPLINGS[name]), law) > 1e-3
+
+
+def resample_from_target(draft_tokens, draft_probs, target_probs, generator=None):
+    """Planted bug: on rejection, sample from the target row instead of the residual."""
+    verdict = verify_sampled(draft_tokens, draft_probs, target_probs, generator)
+    if verdict.num_accepted == draft_tokens.shape[0]:
+        return verdict
+    return Verdict(verdict.num_accepted, int(torch.multinomial(target_probs[verdict.num_accepted], 1, generator=generator)))
+
+
+def accept_always(draft_tokens, draft_probs, target_probs, generator=None):
+    """Planted bug: accept every draft (a lossy 'typical acceptance' taken to the extreme)."""
+    return Verdict(draft_tokens.shape[0], int(torch.multinomial(target_probs[-1], 1, generator=generator)))
+
+
+@pytest.mark.parametrize("bug", [resample_from_target, accept_always])
+def test_the_same_test_fails_for_a_planted_verifier_bug(monkeypatch, bug):
+    model = sharp_model()
+    spec = SelfSpecModel(model, heads=randomized_heads(model))
+    monkeypatch.setattr(selfspec.engine, "verify_sampled", bug)
+    sampling = SAMPLINGS["t1"]
+    law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
+    assert law_pvalue(engine_samples(spec, sampling), law) < 1e-6

@@ -1,0 +1,89 @@
+"""The sampling transforms equal `transformers`' own warpers, element for element, including ties."""
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from selfspec.sampling import SamplingConfig, greedy_tokens, logits_to_probs, warp_logits
+
+SETTINGS = [
+    dict(temperature=1.0),
+    dict(temperature=0.7),
+    dict(temperature=1.3, top_k=5),
+    dict(top_k=1),
+    dict(top_k=200),  # larger than the vocabulary
+    dict(top_p=0.9),
+    dict(top_p=0.05),  # keeps only the best token
+    dict(temperature=0.7, top_p=0.9),
+    dict(temperature=0.8, top_k=20, top_p=0.6),
+]
+
+
+def transformers_warp(scores, temperature=1.0, top_k=None, top_p=None):
+    """The chain `generate(do_sample=True)` builds, in its order, on float32 logits."""
+    scores = scores.float()
+    if temperature != 1.0:
+        scores = TemperatureLogitsWarper(temperature)(None, scores)
+    if top_k:
+        scores = TopKLogitsWarper(top_k)(None, scores)
+    if top_p is not None and top_p < 1.0:
+        scores = TopPLogitsWarper(top_p)(None, scores)
+    return scores
+
+
+@pytest.mark.parametrize("settings", SETTINGS)
+def test_warpers_equal_transformers(settings):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 100, generator=g) * 3
+    logits[0, :10] = 5.0  # a block of ties at the top
+    logits[1, 50:] = -2.0  # a block of ties in the tail
+    ours = warp_logits(logits, SamplingConfig(do_sample=True, **settings))
+    theirs = transformers_warp(logits, **settings)
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+    assert torch.allclose(ours[~torch.isinf(ours)], theirs[~torch.isinf(theirs)])
+    probs = logits_to_probs(logits, SamplingConfig(do_sample=True, **settings))
+    assert torch.allclose(probs.sum(-1), torch.ones(6))
+
+
+def test_top_k_keeps_ties_at_the_cut():
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])
+    kept = ~torch.isinf(warp_logits(logits, SamplingConfig(do_sample=True, top_k=2)))
+    assert kept.tolist() == [[True, True, True, True, False]]
+
+
+def test_probabilities_are_float32_or_wider():
+    for dtype, expected in [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
+                            (torch.float32, torch.float32), (torch.float64, torch.float64)]:
+        logits = torch.randn(2, 10).to(dtype)
+        assert logits_to_probs(logits, SamplingConfig(do_sample=True, top_p=0.9)).dtype == expected
+        assert logits_to_probs(logits, SamplingConfig()).dtype == expected
+
+
+def test_greedy_is_float32_argmax_first_index_on_ties():
+    logits = torch.tensor([[0.0, 2.0, 2.0, 1.0]], dtype=torch.float64)
+    assert greedy_tokens(logits).tolist() == [1]
+    # Two float64 values that round to the same float32: `generate` sees a tie and picks the first.
+    close = torch.tensor([[1.0, 1.0 + 1e-12]], dtype=torch.float64)
+    assert greedy_tokens(close).tolist() == [0]
+    onehot = logits_to_probs(logits, SamplingConfig())
+    assert onehot.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=0.0), "temperature"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=math.inf), "temperature"),
+        (dict(temperature=math.nan), "temperature"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(do_sample="yes"), "do_sample"),
+    ],
+)
+def test_invalid_settings_raise_clear_errors(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingConfig(**{"do_sample": True, **kwargs})
