@@ -271,7 +271,9 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
     target = TargetModel(model)
     exit_layer = check_settings_against(settings, target)
     _check_resume(settings, out)
+    data_started = time.time()
     train_windows, heldout = head_data.build_data(settings, model, accelerator.process_index)
+    data_seconds = time.time() - data_started  # reading, tokenizing, and --self-generate's generation
     eval_windows = heldout.fixed(settings.eval_tokens)  # [N, seq_len]
     continuations = None
     if settings.eval_continuations > 0:
@@ -297,6 +299,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
         "head_parameter_fraction": round(num_params / base_params, 4),
         "train_tokens_available": train_windows.num_tokens,
         "heldout_windows": len(eval_windows),
+        "data_seconds": round(data_seconds, 1),
         "setup_seconds": round(time.time() - started, 1),
     }
     if not settings.resume and accelerator.is_main_process:
