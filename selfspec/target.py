@@ -1,13 +1,15 @@
 """The target model as the engine sees it: token ids through the shared cache to final hidden states, then logits.
 
 Wraps any `transformers` causal LM through its public parts (`get_decoder()`, `get_output_embeddings()`) and
-checks once, at wrap time, that those parts reproduce the model's own logits. Knows nothing about drafts.
+checks once, at wrap time, that those parts reproduce the model's own logits. Early exit also needs the layers one
+by one (`model_parts.py`, reached lazily so other drafters work on any causal LM). Knows nothing about drafts.
 """
 from __future__ import annotations
 
 import torch
 
 from selfspec.cache import KVCache
+from selfspec.model_parts import ModelParts
 
 
 class TargetModel:
@@ -32,15 +34,45 @@ class TargetModel:
         self.hidden_size = self.lm_head.weight.shape[1]
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.device = self.lm_head.weight.device
+        self.num_layers = config.get_text_config(decoder=True).num_hidden_layers
+        self._parts = None
         self._check_logits()
+
+    @property
+    def parts(self) -> ModelParts:
+        """Layer-level access, built (and checked) on first use; raises NotImplementedError for unknown layouts."""
+        if self._parts is None:
+            self._parts = ModelParts.of(self.model)
+        return self._parts
 
     def new_cache(self) -> KVCache:
         return KVCache(self.model)
 
-    def forward(self, token_ids: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        """[num_tokens] ids appended after the cache's contents -> [num_tokens, hidden] final (normed) hidden states."""
-        out = self.decoder(input_ids=token_ids[None], cache=cache.hf_cache, use_cache=True)
-        return out.last_hidden_state[0]
+    def forward(
+        self, token_ids: torch.Tensor, cache: KVCache, start_layer: int = 0, start_hidden: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[num_tokens] ids appended after the cache's contents -> [num_tokens, hidden] final (normed) hidden states.
+
+        With start_layer > 0 the first `start_layer` layers already ran over these tokens (early-exit drafting wrote
+        their keys and values) and `start_hidden` [num_tokens, hidden] is their output: only the rest run.
+        """
+        if start_layer == 0:
+            out = self.decoder(input_ids=token_ids[None], cache=cache.hf_cache, use_cache=True)
+            return out.last_hidden_state[0]
+        if start_hidden is None or start_hidden.shape[0] != token_ids.shape[0]:
+            raise ValueError(f"resuming at layer {start_layer} needs the layer's output for all {token_ids.shape[0]} tokens")
+        hidden = self.parts.run_layers(start_hidden[None], cache.hf_cache, start_layer, self.num_layers)
+        return self.parts.norm(hidden)[0]
+
+    def exit_forward(self, token_ids: torch.Tensor, cache: KVCache, exit_layer: int) -> torch.Tensor:
+        """[num_tokens] ids after layer 0's cached tokens -> [num_tokens, hidden] output of the first `exit_layer`
+        layers (before the final norm); writes those layers' keys and values only."""
+        parts = self.parts
+        return parts.run_layers(parts.embed(token_ids[None], cache.hf_cache), cache.hf_cache, 0, exit_layer)[0]
+
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] a layer's output -> what the LM head reads (the decoder's final norm)."""
+        return self.parts.norm(hidden)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] -> [..., vocab], exactly what the model's own forward returns as logits."""

@@ -1,0 +1,100 @@
+"""Early-exit drafting (LayerSkip-style): the model's first `exit_layer` layers, optionally an exit adapter, then its
+own final norm and LM head, run one token at a time through the SHARED cache.
+
+Shared work: drafting writes the first layers' keys and values for the pending token and every draft token, and
+returns their exit-layer outputs (`Draft.prefilled_hidden`), so verification runs only the remaining layers. The
+last draft token passes the first layers once more (its successor is never drafted) so its exit state exists too:
+a draft of k tokens costs k + 1 partial forwards, and verification none of them again.
+Greedy drafts are argmax point masses; sampled drafts carry their draft_probs to the exact verifier.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from selfspec.drafters.base import Draft, DraftContext
+from selfspec.sampling import greedy_tokens, logits_to_probs, sample_from
+
+
+class EarlyExitDrafter:
+    """exit_layer: how many layers draft (1 .. num_layers - 1); taken from the adapter when one is given.
+    adapter: None (plain early exit), an `ExitAdapter`, or its directory.
+    min_draft_confidence: stop drafting when the draft distribution's top probability falls below this (0 = never).
+    """
+
+    def __init__(self, target, exit_layer: int | None = None, adapter=None, min_draft_confidence: float = 0.0):
+        self.adapter = _load_adapter(adapter, target.model)
+        if exit_layer is None:
+            if self.adapter is None:
+                raise ValueError(
+                    f"drafter='early_exit' needs exit_layer=L (1 .. {target.num_layers - 1}: how many of the model's "
+                    "layers draft) or an exit adapter, which knows its layer"
+                )
+            exit_layer = self.adapter.exit_layer
+        if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < target.num_layers:
+            raise ValueError(
+                f"exit_layer must be an integer in 1 .. {target.num_layers - 1} for this {target.num_layers}-layer model "
+                f"(drafting with all layers would be the model itself), got {exit_layer!r}"
+            )
+        if self.adapter is not None and self.adapter.exit_layer != exit_layer:
+            raise ValueError(
+                f"the exit adapter was trained at exit_layer={self.adapter.exit_layer}, not {exit_layer}: pass "
+                f"exit_layer={self.adapter.exit_layer} or train an adapter for layer {exit_layer}"
+            )
+        if not 0.0 <= min_draft_confidence <= 1.0:
+            raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
+        target.parts  # fail now, not at the first draft, for a decoder that cannot run layer by layer
+        self.exit_layer = exit_layer
+        self.min_draft_confidence = min_draft_confidence
+
+    def propose(self, context: DraftContext) -> Draft:
+        target, cache, sampling = context.target, context.cache, context.sampling
+        token = context.token_ids[-1:]  # [1] the pending token, not yet in the cache
+        exit_states, tokens, draft_probs = [], [], []
+        while True:
+            exit_state = target.exit_forward(token, cache, self.exit_layer)  # [1, hidden]; writes layers < exit_layer
+            exit_states.append(exit_state)
+            if len(tokens) == context.num_draft_tokens:
+                break
+            logits = target.logits(target.final_norm(self._adapt(exit_state)))  # [1, vocab]
+            probs = None if sampling.greedy else logits_to_probs(logits, sampling)  # [1, vocab], warped as the target's
+            if self.min_draft_confidence and _confidence(logits, probs) < self.min_draft_confidence:
+                break  # unsure: stop here; the last kept draft already has its exit state, no extra pass needed
+            if probs is None:
+                tokens.append(greedy_tokens(logits))
+            else:
+                tokens.append(sample_from(probs, context.generator))
+                draft_probs.append(probs)
+            token = tokens[-1]
+        return Draft(
+            tokens=torch.cat(tokens) if tokens else context.token_ids.new_empty(0),
+            probs=torch.cat(draft_probs) if draft_probs else None,  # [num_draft_tokens, vocab] when sampling
+            prefilled_layers=self.exit_layer,
+            prefilled_hidden=torch.cat(exit_states),  # [num_draft_tokens + 1, hidden]: pending, then each draft
+        )
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        pass
+
+    def _adapt(self, exit_state: torch.Tensor) -> torch.Tensor:
+        return exit_state if self.adapter is None else self.adapter(exit_state)
+
+
+def _confidence(logits: torch.Tensor, probs: torch.Tensor | None) -> float:
+    """Top probability of the draft distribution (of the plain softmax when greedy, whose drafts are point masses)."""
+    return float((probs if probs is not None else logits.float().softmax(dim=-1)).max())
+
+
+def _load_adapter(adapter, model):
+    from heads.exit_adapter import ExitAdapter
+    from heads.medusa import BaseIdentity
+
+    if adapter is None:
+        return None
+    if isinstance(adapter, (str, os.PathLike)):
+        return ExitAdapter.from_pretrained(adapter, model=model).eval()
+    if isinstance(adapter, ExitAdapter):
+        adapter.config.base.check_matches(BaseIdentity.of(model), "the exit adapter")
+        return adapter.eval()
+    raise TypeError(f"adapter must be an ExitAdapter or its directory, got {type(adapter).__name__}")

@@ -1,0 +1,177 @@
+"""Early exit is exact (greedy and sampled), shares the cache and the work with verification, and fails clearly."""
+import pytest
+import torch
+
+import selfspec.cache
+from heads.exit_adapter import ExitAdapter
+from selfspec import SelfSpecModel
+from selfspec.sampling import SamplingConfig
+from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2"]
+
+
+def scrambled_model(family, seed=0, **kwargs):
+    """A tiny model whose layers matter: random init ties embeddings and keeps layers near the identity, so several
+    families would just repeat the last token (and every early-exit draft would trivially be right)."""
+    model = tiny_model(family, seed=seed, **kwargs)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.get_decoder().parameters():
+            if p.dim() == 2 and p is not model.get_input_embeddings().weight:
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.2)
+    return model
+
+
+def randomized_adapter(model, exit_layer, seed=0):
+    """An adapter with random (not identity) blocks, so it changes the drafts."""
+    adapter = ExitAdapter.for_model(model, exit_layer)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    return adapter
+
+
+def reference(model, prompt, max_new_tokens):
+    return model.generate(
+        prompt, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=2,
+        attention_mask=torch.ones_like(prompt),
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_model_generate(family):
+    model = scrambled_model(family, num_layers=4, seed=1)
+    prompt = random_prompt(9, seed=2)
+    expected = reference(model, prompt, 30)
+    cases = [  # (exit_layer, num_draft_tokens, adapter, min_draft_confidence)
+        (1, 1, None, 0.0), (2, 3, None, 0.0), (3, 5, None, 0.0), (2, 4, randomized_adapter(model, 2), 0.0),
+        (1, 6, None, 0.2),
+    ]
+    rejected = 0
+    for exit_layer, k, adapter, confidence in cases:
+        spec = SelfSpecModel(
+            model, drafter="early_exit", exit_layer=exit_layer, adapter=adapter, min_draft_confidence=confidence
+        )
+        out = spec.generate(prompt, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[])
+        assert torch.equal(out.sequences, expected), (exit_layer, k, adapter is not None)
+        assert out.stats.accepted + out.stats.target_forwards == 30
+        rejected += out.stats.drafted - out.stats.accepted
+    assert rejected > 0  # the drafts were not all trivially right
+
+
+def test_adapter_from_a_directory(tmp_path):
+    model = tiny_model("llama", num_layers=3)
+    randomized_adapter(model, 2).save_pretrained(tmp_path)
+    spec = SelfSpecModel(model, drafter="early_exit", adapter=str(tmp_path))  # exit_layer comes from the adapter
+    assert spec.drafter.exit_layer == 2
+    prompt = random_prompt(7, seed=3)
+    out = spec.generate(prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+    assert torch.equal(out.sequences, reference(model, prompt, 20))
+
+
+def test_sampled_early_exit_follows_the_model_law():
+    """Engine samples match the exact law of a 4-token continuation (vocabulary of 6, top-3: 81 outcomes). Drafts of
+    two tokens test the autoregressive draft law; 1000 samples catch draft_probs misreported as q**0.3 (p ~ 1e-8)."""
+    model = tiny_model("llama", vocab_size=6, hidden=16, num_layers=2, seed=0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)  # sharp distributions, so a wrong draft law would show
+    prompt = torch.tensor([[3, 4, 5, 3, 4]])
+    sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=3)
+    law = exact_continuation_law(model, prompt, 4, sampling)
+    # The adapter and the confidence stop change which drafts are proposed and how many; never the law.
+    spec = SelfSpecModel(
+        model, drafter="early_exit", exit_layer=1, adapter=randomized_adapter(model, 1), min_draft_confidence=0.3
+    )
+    generator = torch.Generator().manual_seed(0)
+    samples, drafted, accepted = [], 0, 0
+    for _ in range(1000):
+        out = spec.generate(
+            prompt, max_new_tokens=4, do_sample=True, temperature=0.8, top_k=3, num_draft_tokens=2,
+            generator=generator, eos_token_id=[],
+        )
+        samples.append(tuple(out.sequences[0, prompt.shape[1]:].tolist()))
+        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
+    assert drafted > 1000 and 0 < accepted < drafted  # drafts were proposed, some kept, some rejected
+    assert law_pvalue(samples, law) > 1e-3
+
+
+def test_after_each_rollback_every_layer_holds_plain_decodings_keys_and_values(monkeypatch):
+    """Snapshot the cache after every rollback; it must equal a fresh prefill of the committed tokens, layer by layer,
+    values included (not only lengths), also after rejected drafts."""
+    model = tiny_model("qwen2", num_layers=4, seed=4)
+    snapshots, rejections = [], []
+    rollback = selfspec.cache.KVCache.rollback
+
+    def recording_rollback(cache, length):
+        rejections.append(max(layer.get_seq_length() for layer in cache.hf_cache.layers) - length)
+        rollback(cache, length)
+        snapshots.append([(layer.keys.clone(), layer.values.clone()) for layer in cache.hf_cache.layers])
+
+    monkeypatch.setattr(selfspec.cache.KVCache, "rollback", recording_rollback)
+    spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
+    prompt = random_prompt(8, seed=5)
+    sequence = spec.generate(prompt, max_new_tokens=24, num_draft_tokens=4, eos_token_id=[]).sequences
+    assert any(r > 0 for r in rejections), "the test needs rejected drafts"
+    for snapshot in snapshots:
+        length = snapshot[0][0].shape[-2]
+        plain = spec.target.new_cache()
+        with torch.no_grad():
+            spec.target.forward(sequence[0, :length], plain)
+        for (keys, values), layer in zip(snapshot, plain.hf_cache.layers):
+            assert keys.shape[-2] == length
+            torch.testing.assert_close(keys, layer.keys, rtol=0, atol=1e-10)
+            torch.testing.assert_close(values, layer.values, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_verification_reuses_the_drafted_layers(family):
+    """Count tokens through each decoder layer: the first exit_layer layers see every position once (drafting),
+    the rest once (verifying), and no layer sees a position twice."""
+    model = tiny_model(family, num_layers=4, seed=6)
+    spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
+    tokens_seen = [0] * 4
+    layers = spec.target.parts.layers
+    hooks = [
+        layer.register_forward_hook(lambda module, args, out, i=i: tokens_seen.__setitem__(i, tokens_seen[i] + args[0].shape[1]))
+        for i, layer in enumerate(layers)
+    ]
+    try:
+        prompt = repetitive_prompt(10, seed=7)
+        out = spec.generate(prompt, max_new_tokens=25, num_draft_tokens=4, eos_token_id=[])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    steps = out.stats.target_forwards - 1
+    expected = prompt.shape[1] + steps + out.stats.drafted  # prefill; then the pending token and each draft, once
+    assert tokens_seen == [expected] * 4
+
+
+def test_confidence_threshold_drafts_fewer():
+    model = tiny_model("llama", num_layers=4, seed=8)
+    prompt = random_prompt(9, seed=9)
+    drafted = {}
+    for threshold in (0.0, 0.5, 1.0):
+        spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2, min_draft_confidence=threshold)
+        out = spec.generate(prompt, max_new_tokens=20, num_draft_tokens=4, eos_token_id=[])
+        assert torch.equal(out.sequences, reference(model, prompt, 20))
+        drafted[threshold] = out.stats.drafted
+    assert drafted[0.0] > drafted[0.5] and drafted[1.0] == 0
+
+
+@pytest.mark.parametrize("exit_layer", [0, 4, -1, 2.0, True, None])
+def test_exit_layer_out_of_range_fails_clearly(exit_layer):
+    model = tiny_model("llama", num_layers=4)
+    with pytest.raises(ValueError, match=r"exit_layer.*1 \.\. 3"):
+        SelfSpecModel(model, drafter="early_exit", exit_layer=exit_layer)
+
+
+def test_an_adapter_for_another_layer_or_base_fails_clearly():
+    model = tiny_model("llama", num_layers=4)
+    with pytest.raises(ValueError, match="trained at exit_layer=1, not 2"):
+        SelfSpecModel(model, drafter="early_exit", exit_layer=2, adapter=ExitAdapter.for_model(model, 1))
+    other = tiny_model("llama", num_layers=4, seed=11)
+    with pytest.raises(ValueError, match="different base model"):
+        SelfSpecModel(model, drafter="early_exit", adapter=ExitAdapter.for_model(other, 2))
