@@ -14,6 +14,8 @@ class GenerationStats:
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: of those, how many were accepted
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    heads_bytes: int = 0  # parameter bytes of the drafting heads (0 without heads)
+    peak_cache_bytes: int = 0  # largest storage of the KV cache tensors, taken after each step (KVCache.nbytes)
 
     @property
     def tokens_per_forward(self) -> float:
@@ -53,4 +55,14 @@ class GenerationStats:
             f"{self.new_tokens} tokens in {self.seconds:.2f}s ({self.tokens_per_second:.1f} tok/s), "
             f"{self.tokens_per_forward:.2f} tokens per target forward, acceptance {self.acceptance_rate:.2f}"
             + (f" (by position: {by_position})" if by_position else "")
+            + f", KV cache peak {_size(self.peak_cache_bytes)}"
+            + (f", heads {_size(self.heads_bytes)}" if self.heads_bytes else "")
         )
+
+
+def _size(num_bytes: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if num_bytes < 1024:
+            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+        num_bytes /= 1024
+    return f"{num_bytes:.1f} GiB"
