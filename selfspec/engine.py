@@ -153,7 +153,8 @@ class SelfSpecModel:
             k = min(draft_length.choose(), stop.remaining - 1)  # a step emits at most k + 1 tokens
             draft = self._propose(buffer[:num_tokens], hidden, k, sampling, generator, cache)
             verify_ids = torch.cat([buffer[num_tokens - 1 : num_tokens], draft.tokens])  # [k + 1]
-            hidden_all = target.forward(verify_ids, cache)  # [k + 1, hidden]
+            # [k + 1, hidden]; an early-exit draft already ran the first layers over verify_ids: resume after them
+            hidden_all = target.forward(verify_ids, cache, draft.prefilled_layers, draft.prefilled_hidden)
             verdict = _verify(draft, target.logits(hidden_all), sampling, generator)
             cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
             accepted = draft.tokens[: verdict.num_accepted]
