@@ -1,0 +1,303 @@
+"""The `selfspec` command line: `generate` streams a completion; `bench` and `train-heads` forward to their modules.
+
+    selfspec generate --model runs/reference-model --prompt "def main():" --max-new-tokens 64
+    selfspec generate --model DIR --heads DIR --chat --prompt "Write a haiku" --temperature 0.7 --seed 0
+    selfspec bench --help            # = python -m selfspec.bench --help
+    selfspec train-heads --help      # = python -m training.heads --help
+
+Knows argparse and text on stdout/stderr; decoding is SelfSpecModel's. Errors in the command (a flag, a path, a
+value, a model that cannot be loaded) print one line on stderr and exit with status 2; never a traceback.
+torch and transformers load only once the command line is known to be good.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+
+DRAFTERS = ("medusa", "early_exit", "ngram", "none")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+# Subcommands that hand their arguments, untouched, to another module's own command line.
+FORWARDED = {
+    "bench": ("selfspec.bench", "measure speed and acceptance against plain decoding"),
+    "train-heads": ("training.heads", "train drafting heads for a model"),
+}
+
+
+class UsageError(Exception):
+    """A mistake in the command: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse prints the whole usage block; one line says it better
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _existing_dir(path: str) -> str:
+    if not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"no such directory: {path}")
+    return path
+
+
+def _existing_file(path: str) -> str:
+    if path != "-" and not os.path.isfile(path):
+        raise argparse.ArgumentTypeError(f"no such file: {path}")
+    return path
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def _float_in(low: float, high: float, low_open: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (low < value if low_open else low <= value) or value > high:
+            raise argparse.ArgumentTypeError(f"expected a number in {'(' if low_open else '['}{low}, {high}], got {text}")
+        return value
+
+    return parse
+
+
+def _key_value(text: str) -> tuple[str, object]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    for convert in (int, float):
+        try:
+            return key, convert(raw)
+        except ValueError:
+            pass
+    return key, {"true": True, "false": False}.get(raw.lower(), raw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="selfspec",
+        description="Exact self-speculative decoding for one Hugging Face causal LM: the model drafts for itself "
+        "(Medusa heads, early exit or n-gram lookup) and an exact verifier keeps its output unchanged.",
+        epilog="Run `selfspec COMMAND --help` for a command's flags.",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    _add_generate(commands)
+    for name, (module, summary) in FORWARDED.items():
+        commands.add_parser(
+            name, add_help=False, help=f"{summary}; forwards every argument to `python -m {module}`"
+        )
+    return parser
+
+
+def _add_generate(commands) -> None:
+    g = commands.add_parser(
+        "generate",
+        help="complete a prompt, streaming the text as the verifier accepts it",
+        description="Complete one prompt. The completion streams to stdout as tokens are accepted; a one-line summary "
+        "(tokens/s, tokens per target forward, acceptance, memory) goes to stderr.",
+        epilog="Decoding is greedy unless one of --do-sample, --temperature T > 0, --top-k, --top-p is given: a "
+        "sampling setting without sampling would be silently ignored (as transformers' generate ignores it when "
+        "do_sample=False), so giving one turns sampling on. --temperature 0 means greedy, as in OpenAI-style APIs. "
+        "Greedy or sampled, the output follows the model alone exactly; drafting only changes the speed. "
+        "Exit status: 0 done, 2 a mistake in the command (one line on stderr).",
+    )
+    where = g.add_argument_group("model")
+    where.add_argument("--model", required=True, type=_existing_dir, metavar="DIR",
+                       help="a transformers causal-LM directory with its tokenizer (required)")
+    where.add_argument("--heads", type=_existing_dir, metavar="DIR",
+                       help="Medusa heads trained for this model (`selfspec train-heads`); default: none, so the "
+                       "n-gram drafter is used, which needs no training")
+    where.add_argument("--drafter", choices=DRAFTERS,
+                       help="where drafts come from; default: medusa when --heads is given, else ngram (free, and "
+                       "strong on repetitive text such as code); none turns speculation off")
+    where.add_argument("--drafter-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                       help="an option for the drafter, repeatable (e.g. max_ngram_size=3, exit_layer=2); default: "
+                       "the drafter's own defaults")
+    where.add_argument("--dtype", choices=DTYPES,
+                       help="weights' dtype; default: float32 on the CPU (CPUs without native half-precision kernels "
+                       "run it fastest), the checkpoint's own dtype on a GPU (auto); verification math is float32 "
+                       "either way")
+    where.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                       help="default: auto, i.e. the GPUs when any are visible (device_map='auto' through accelerate, "
+                       "which also spreads a model too large for one GPU), else the CPU")
+    where.add_argument("--threads", type=_int_at_least(1), metavar="N",
+                       help="CPU threads for torch; default: torch's own choice (one per core); 1 is fastest for "
+                       "small models or on a busy machine")
+
+    prompt = g.add_argument_group("prompt")
+    source = prompt.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", metavar="TEXT", help="the prompt text")
+    source.add_argument("--prompt-file", type=_existing_file, metavar="FILE", help="read the prompt from FILE (- for stdin)")
+    prompt.add_argument("--chat", action="store_true",
+                        help="send the prompt as one user message through the tokenizer's chat template; default: off, "
+                        "the prompt is plain text to continue")
+
+    decoding = g.add_argument_group("decoding")
+    decoding.add_argument("--max-new-tokens", type=_int_at_least(0), default=128, metavar="N",
+                          help="most tokens to generate, honoured exactly; default: 128, a few paragraphs")
+    decoding.add_argument("--do-sample", action="store_true",
+                          help="sample instead of greedy decoding (at temperature 1 unless --temperature); default: greedy, "
+                          "which is deterministic")
+    decoding.add_argument("--temperature", type=_float_in(0.0, 100.0, low_open=False), metavar="T",
+                          help="sampling temperature; T > 0 samples, 0 is greedy; default: 1.0 when sampling")
+    decoding.add_argument("--top-k", type=_int_at_least(0), metavar="K",
+                          help="sample among the K likeliest tokens (implies sampling); default: no limit")
+    decoding.add_argument("--top-p", type=_float_in(0.0, 1.0, low_open=True), metavar="P",
+                          help="sample from the smallest set of tokens holding probability P (implies sampling); "
+                          "default: no limit")
+    decoding.add_argument("--seed", type=int, metavar="S",
+                          help="random seed, for reproducible sampling; default: fresh randomness each run")
+    decoding.add_argument("--num-draft-tokens", type=_int_at_least(0), default=4, metavar="K",
+                          help="draft tokens verified per step; default: 4, since on a CPU verifying 5 tokens already "
+                          "costs about 1.6-1.9x one, so longer drafts rarely pay; 0 turns speculation off")
+    decoding.add_argument("--stop", action="append", metavar="STRING",
+                          help="stop after the token that completes STRING (kept, as transformers' stop_strings keeps "
+                          "it), repeatable; default: only EOS and --max-new-tokens stop")
+    decoding.add_argument("--eos-token-id", type=_int_at_least(0), action="append", metavar="ID",
+                          help="end-of-sequence token id, repeatable; default: the model's generation config")
+    decoding.add_argument("--no-stream", action="store_true",
+                          help="print the completion once it is finished; default: stream it as tokens are accepted")
+
+
+def _sampling(args) -> dict:
+    """The flags -> generate's do_sample / temperature / top_k / top_p (see the generate epilog)."""
+    truncation = args.top_k is not None or args.top_p is not None
+    if args.temperature == 0:
+        if args.do_sample or truncation:
+            raise UsageError("--temperature 0 means greedy decoding; drop it, or drop --do-sample/--top-k/--top-p")
+        return {"do_sample": False}
+    do_sample = args.do_sample or args.temperature is not None or truncation
+    if not do_sample:
+        return {"do_sample": False}
+    return {
+        "do_sample": True,
+        "temperature": 1.0 if args.temperature is None else args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+    }
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    with open(args.prompt_file, encoding="utf-8") as f:
+        return f.read()
+
+
+def _load(args):
+    import torch
+    import transformers
+
+    from selfspec.engine import SelfSpecModel
+
+    transformers.logging.set_verbosity_error()  # stderr carries only the summary line
+    transformers.logging.disable_progress_bar()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = torch.cuda.is_available()
+    if args.device == "cuda" and not cuda:
+        raise UsageError("--device cuda: no CUDA device is visible (use --device cpu)")
+    placement = {}
+    if args.device == "cuda":
+        placement["device_map"] = "cuda"  # load straight onto the GPU
+    elif args.device == "auto" and cuda:
+        placement["device_map"] = "auto"
+    on_gpu = bool(placement)
+    dtype = args.dtype or ("auto" if on_gpu else "float32")
+    engine = SelfSpecModel.from_pretrained(
+        args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
+        dtype=dtype if dtype == "auto" else getattr(torch, dtype), **placement,
+    )
+    if engine.tokenizer is None:
+        raise UsageError(f"--model {args.model}: no tokenizer files there; generate needs one to read the prompt")
+    return engine
+
+
+def _generate(args) -> int:
+    text = _read_prompt(args)
+    sampling = _sampling(args)
+    engine = _load(args)
+    prompt = [{"role": "user", "content": text}] if args.chat else text
+    options = dict(
+        max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, seed=args.seed,
+        eos_token_id=args.eos_token_id, stop_strings=args.stop, **sampling,
+    )
+    out = sys.stdout
+    if args.no_stream:
+        result = engine.generate(prompt, **options)
+        completion, stats = result.text, result.stats
+        out.write(completion)
+    else:
+        stream = engine.stream(prompt, **options)
+        for piece in stream:
+            if piece.text:
+                out.write(piece.text)
+                out.flush()
+        completion, stats = stream.text, stream.stats
+    if out.isatty() and not completion.endswith("\n"):  # a terminal prompt should not start mid-line; pipes get it exact
+        out.write("\n")
+    out.flush()
+    print(stats.summary(), file=sys.stderr, flush=True)
+    return 0
+
+
+def _forward(command: str, argv: list[str]) -> int:
+    """Run `python -m MODULE ARGV...` and return its exit status: the module keeps its own flags, help and errors."""
+    module, _ = FORWARDED[command]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:
+        found = False
+    if not found:
+        print(f"selfspec {command}: not available: this installation has no `{module}` module yet", file=sys.stderr)
+        return 1
+    # A child process rather than runpy: the module runs exactly as `python -m` runs it (its own __main__, so
+    # pickling, type hints and worker processes behave), and the exit status passes straight through.
+    try:
+        return subprocess.call([sys.executable, "-m", module, *argv])
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in FORWARDED:
+        return _forward(argv[0], argv[1:])
+    try:
+        args = build_parser().parse_args(argv)
+        return _generate(args)
+    except UsageError as err:
+        return _fail(err)
+    except BrokenPipeError:  # the reader went away (`selfspec generate ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, TypeError, OSError, NotImplementedError) as err:
+        # What the library rejects (a value, a model, heads that do not fit): its message, on one line.
+        return _fail(err)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+
+
+def _fail(err: Exception) -> int:
+    message = " ".join(str(err).split()) or type(err).__name__
+    print(f"selfspec: error: {message}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
