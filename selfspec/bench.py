@@ -305,58 +305,64 @@ def main(argv=None) -> dict:
     transformers.logging.set_verbosity_error()
     started = time.perf_counter()
     machine = machine_info(settings.device, settings.threads)
-    notes = []
+    report = {"machine": machine, "settings": asdict(settings), "records": [], "sweep": [], "useless_drafts": [],
+              "notes": [], "seconds": 0.0}
     if machine["load_average_1min"] > machine["cpus_available"] - settings.threads and settings.device == "cpu":
-        notes.append(f"the machine was busy at the start (load average {machine['load_average_1min']:.1f} on "
-                     f"{machine['cpus_available']} CPUs): expect noisier timings than on an idle machine")
+        report["notes"].append(
+            f"the machine was busy at the start (load average {machine['load_average_1min']:.1f} on "
+            f"{machine['cpus_available']} CPUs): expect noisier timings than on an idle machine")
 
+    if settings.dtype != "float32":
+        report["notes"].append(
+            f"{settings.dtype}: a forward over several tokens rounds differently from one over a single token, so the "
+            "greedy tokens of any speculative method (transformers' too) can part from plain generate's at near-ties")
     loaded = load(settings)
-    base_parameters = sum(p.numel() for p in loaded.model.parameters())
+    base_parameters = report["base_parameters"] = sum(p.numel() for p in loaded.model.parameters())
     prompts = heldout_prompt_ids(settings, loaded)
-    methods, specs, auto = build_methods(settings, loaded, notes)
+    report["prompts"] = [loaded.tokenizer.decode(p[0]).splitlines()[0] for p in prompts]  # first lines, to recognise them
+    methods, specs, auto = build_methods(settings, loaded, report["notes"])
     warm_up(methods, prompts[0][:, -32:])
+
+    def write(final: bool = False) -> None:
+        """Outputs after every phase, so an interrupted run (a time limit) keeps the phases that finished."""
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        machine["load_average_1min_at_end"] = os.getloadavg()[0]
+        text = markdown(report)
+        if final:
+            print(text)
+        if settings.markdown:
+            Path(settings.markdown).write_text(text)
+        if settings.json:
+            Path(settings.json).write_text(json.dumps(report, indent=2) + "\n")
 
     print(f"main table: {len(methods)} methods x {len(MODES)} modes x {len(prompts)} prompts x {settings.repeats} "
           "rounds", file=sys.stderr)
-    main_entries = run_schedule(methods, prompts, MODES, settings.repeats, settings.seed, "main")
-    records = summarize(main_entries, "generate", base_parameters, methods)
-
-    sweep_records = []
-    drafters = [d for d in ("medusa", "ngram", "early_exit") if d in specs]
-    if settings.sweep_max > 0 and drafters:
-        plain, off = methods[0], next(m for m in methods if m.name == "selfspec speculation off")
-        sweep_methods = [plain, off] + [
-            selfspec_method(f"selfspec {d} k={k}", specs[d], settings.max_new_tokens, loaded.eos_token_id, k, d)
-            for d in drafters for k in range(1, settings.sweep_max + 1)
-        ]
-        entries = run_schedule(sweep_methods, prompts[: settings.sweep_prompts], MODES[:1], settings.repeats,
-                               settings.seed, "sweep")
-        sweep_records = [r for r in summarize(entries, "generate", base_parameters, sweep_methods)
-                         if r["method"] != "generate"]
-
-    useless_records = useless_drafts(settings, loaded, specs, prompts, auto, base_parameters)
-
-    report = {
-        "machine": machine,
-        "settings": asdict(settings),
-        "base_parameters": base_parameters,
-        "records": records,
-        "sweep": sweep_records,
-        "useless_drafts": useless_records,
-        "notes": notes,
-        "seconds": round(time.perf_counter() - started, 1),
-    }
-    report["machine"]["load_average_1min_at_end"] = os.getloadavg()[0]
-    text = markdown(report)
-    print(text)
-    if settings.markdown:
-        Path(settings.markdown).write_text(text)
-    if settings.json:
-        Path(settings.json).write_text(json.dumps(report, indent=2) + "\n")
-    if settings.plot and sweep_records:
-        plot_sweep(sweep_records, settings.plot, title=f"{Path(settings.model).name}, {machine['device_name']}, "
+    report["records"] = summarize(run_schedule(methods, prompts, MODES, settings.repeats, settings.seed, "main"),
+                                  "generate", base_parameters, methods)
+    write()
+    report["sweep"] = sweep(settings, loaded, specs, methods, prompts, base_parameters)
+    write()
+    if settings.plot and report["sweep"]:
+        plot_sweep(report["sweep"], settings.plot, title=f"{Path(settings.model).name}, {machine['device_name']}, "
                                                          f"{settings.dtype}, {settings.threads} thread(s)")
+    report["useless_drafts"] = useless_drafts(settings, loaded, specs, prompts, auto, base_parameters)
+    write(final=True)
     return report
+
+
+def sweep(settings: BenchSettings, loaded: Loaded, specs, methods, prompts, base_parameters) -> list[dict]:
+    """num_draft_tokens 1..sweep_max per drafter, greedy, against generate (and speculation off, the k = 0 point)."""
+    drafters = [d for d in ("medusa", "ngram", "early_exit") if d in specs]
+    if settings.sweep_max <= 0 or not drafters:
+        return []
+    plain, off = methods[0], next(m for m in methods if m.name == "selfspec speculation off")
+    sweep_methods = [plain, off] + [
+        selfspec_method(f"selfspec {d} k={k}", specs[d], settings.max_new_tokens, loaded.eos_token_id, k, d)
+        for d in drafters for k in range(1, settings.sweep_max + 1)
+    ]
+    entries = run_schedule(sweep_methods, prompts[: settings.sweep_prompts], MODES[:1], settings.repeats,
+                           settings.seed, "sweep")
+    return [r for r in summarize(entries, "generate", base_parameters, sweep_methods) if r["method"] != "generate"]
 
 
 def useless_drafts(settings: BenchSettings, loaded: Loaded, specs, prompts, auto: bool, base_parameters) -> list[dict]:
