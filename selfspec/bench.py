@@ -244,6 +244,9 @@ def build_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]):
         extras["early_exit"] = loaded.adapter
     except (ValueError, TypeError, NotImplementedError) as err:
         notes.append(f"selfspec early exit skipped: {err}")
+    notes.append(f"transformers' early exit and draft model run with generate's defaults for assisted generation "
+                 "(5.24: up to 20 draft tokens a step, drafting stops below 0.4 draft confidence); prompt lookup "
+                 f"with prompt_lookup_num_tokens={k} and its default max_matching_ngram_size")
     auto = supports_auto(specs["none"], settings.device)
     if not auto:
         notes.append('num_draft_tokens="auto" is not available in this selfspec: no auto rows')
@@ -286,7 +289,8 @@ def run_schedule(methods: list[Method], prompts, modes, repeats: int, seed: int,
 
 
 def warm_up(methods: list[Method], prompt: torch.Tensor) -> None:
-    """One short greedy and one sampled run of each method (first-call allocations, the auto policy's cost curve)."""
+    """One greedy and one sampled run of each method on a short prompt (first-call allocations; the auto policy's
+    measurement of this device's verify cost)."""
     for method in methods:
         for mode in (MODES[0], MODES[1]):
             method.run(prompt, mode, 0)
