@@ -264,5 +264,6 @@ def _load_heads(heads, model):
         return MedusaHeads.from_pretrained(heads, model=model)
     if isinstance(heads, MedusaHeads):
         heads.check_base(model)
-        return heads
+        weight = model.get_output_embeddings().weight
+        return heads.to(device=weight.device, dtype=weight.dtype)  # follow the model, as from_pretrained heads do
     raise TypeError(f"heads must be a MedusaHeads module or a directory, got {type(heads).__name__}")

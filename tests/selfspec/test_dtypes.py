@@ -91,6 +91,13 @@ def test_verification_math_is_float32_and_sampling_runs(dtype):
     assert out.stats.new_tokens == 12
 
 
+def test_heads_module_built_in_float32_follows_a_half_precision_model():
+    heads = MedusaHeads.for_model(tiny_model(dtype=torch.float32), num_heads=2)
+    engine = SelfSpecModel(tiny_model(dtype=torch.bfloat16), drafter="medusa", heads=heads)
+    assert all(p.dtype == torch.bfloat16 for p in engine.heads.parameters())
+    assert engine.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6).stats.new_tokens == 6
+
+
 def test_from_pretrained_passes_dtype_and_device_map_and_heads_follow(tmp_path):
     model_dir = save_model_dir(tmp_path / "model", dtype=torch.float32)
     float_engine = SelfSpecModel.from_pretrained(model_dir, drafter="none")
