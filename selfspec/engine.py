@@ -17,7 +17,7 @@ from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample_from
 from selfspec.stats import GenerationStats
 from selfspec.stopping import StopCondition, StopStrings
-from selfspec.streaming import TokenStream, feed_streamer
+from selfspec.streaming import TokenStream, engine_time_only, feed_streamer
 from selfspec.target import TargetModel
 from selfspec.verifier import Verdict, verify_greedy, verify_sampled
 
@@ -129,7 +129,8 @@ class SelfSpecModel:
         strings = StopStrings(stop_strings, self.tokenizer, prompt.tolist()) if stop_strings is not None else None
         stop = StopCondition(max_new_tokens, self._eos_ids(eos_token_id), strings)
         stats = GenerationStats(heads_bytes=_parameter_bytes(self.heads))
-        return prompt, self._decode(prompt, sampling, num_draft_tokens, seed, generator, stop, stats), stats
+        steps = self._decode(prompt, sampling, num_draft_tokens, seed, generator, stop, stats)
+        return prompt, engine_time_only(steps, stats), stats
 
     @torch.inference_mode()
     def _decode(self, prompt, sampling, num_draft_tokens, seed, generator, stop, stats):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+import time
 
 import pytest
 import torch
@@ -154,3 +155,12 @@ def test_stream_checks_arguments_at_the_call():
         engine.stream("a string prompt without a tokenizer")
     with pytest.raises(ValueError, match="max_new_tokens"):
         engine.stream(random_prompt(), max_new_tokens=-1)
+
+
+def test_time_spent_by_the_consumer_is_not_the_engines():
+    engine = SelfSpecModel(tiny_model(), drafter="ngram")
+    stream = engine.stream(random_prompt(), max_new_tokens=5)
+    for _ in stream:
+        time.sleep(0.1)  # a slow terminal or UI
+    assert stream.stats.new_tokens == 5
+    assert stream.stats.seconds < 0.4  # five tokens of a tiny model; the 0.5 s of sleeping is not counted
