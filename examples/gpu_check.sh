@@ -39,8 +39,8 @@ stamp "1/3 verify cost, 1B-class random Llama, bfloat16"
 timeout 110 python3 examples/verify_cost.py --device cuda --dtype bfloat16 --json "$OUT/verify_cost.json" \
     || echo "gpu_check: verify cost failed or timed out (exit $?)"
 
-# --quick: 3 held-out prompts x 2 rounds x 64 tokens, the sweep on 2 prompts. Each run writes its JSON and table
-# after every phase, so a timeout still leaves the phases that finished.
+# --quick: 3 held-out prompts x 2 rounds x 64 tokens; the sweep and the useless-drafts check on 1 prompt. Each run
+# writes its JSON and table after every phase, so a timeout still leaves the phases that finished.
 for dtype in bfloat16 float32; do
     stamp "$([ $dtype = bfloat16 ] && echo 2/3 || echo 3/3) benchmark, reference model, $dtype"
     timeout 160 python3 -m selfspec.bench --quick --device cuda --dtype $dtype \

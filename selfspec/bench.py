@@ -63,7 +63,7 @@ class BenchSettings:
     markdown: str | None = None
 
 
-QUICK = dict(max_new_tokens=64, num_prompts=3, repeats=2, sweep_prompts=2, useless_prompts=2)
+QUICK = dict(max_new_tokens=64, num_prompts=3, repeats=2, sweep_prompts=1, useless_prompts=1)
 
 _HELP = {
     "model": "target model directory (transformers layout with tokenizer); the reference model by default",
