@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.drafters import make_drafter
-from selfspec.draft_length import draft_length_policy
+from selfspec.draft_length import VerifyCost, draft_length_policy, measure_verify_cost
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample_from
 from selfspec.stats import GenerationStats
@@ -43,6 +43,7 @@ class SelfSpecModel:
         self.tokenizer = tokenizer
         self.heads = _load_heads(heads, model) if heads is not None else None
         self.drafter = make_drafter(drafter, self.heads, self.target, drafter_options)
+        self._verify_cost: VerifyCost | None = None
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, **model_kwargs):
@@ -58,6 +59,13 @@ class SelfSpecModel:
             tokenizer = None
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, **(drafter_options or {}))
 
+    def verify_cost(self) -> VerifyCost:
+        """This model's cost of verifying k drafts relative to decoding one token, on its device; measured on first
+        use (a few dozen timed forwards) for num_draft_tokens="auto", then kept."""
+        if self._verify_cost is None:
+            self._verify_cost = measure_verify_cost(self.target)
+        return self._verify_cost
+
     def generate(
         self,
         input_ids,
@@ -66,7 +74,7 @@ class SelfSpecModel:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | str = 4,
         seed: int | None = None,
         generator: torch.Generator | None = None,
         eos_token_id: int | list[int] | None = None,
@@ -101,7 +109,7 @@ class SelfSpecModel:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        num_draft_tokens: int = 4,
+        num_draft_tokens: int | str = 4,
         seed: int | None = None,
         generator: torch.Generator | None = None,
         eos_token_id: int | list[int] | None = None,
@@ -135,7 +143,7 @@ class SelfSpecModel:
     @torch.inference_mode()
     def _decode(self, prompt, sampling, num_draft_tokens, seed, generator, stop, stats):
         """Prefill, then propose -> verify -> accept -> roll back -> feed back; yields each step's new tokens."""
-        draft_length = draft_length_policy(num_draft_tokens)
+        draft_length = draft_length_policy(num_draft_tokens, self.verify_cost)
         if generator is None and seed is not None:
             generator = torch.Generator(device=self.target.device).manual_seed(seed)
         target, cache = self.target, self.target.new_cache()

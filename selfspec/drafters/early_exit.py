@@ -21,9 +21,14 @@ class EarlyExitDrafter:
     """exit_layer: how many layers draft (1 .. num_layers - 1); taken from the adapter when one is given.
     adapter: None (plain early exit), an `ExitAdapter`, or its directory.
     min_draft_confidence: stop drafting when the draft distribution's top probability falls below this (0 = never).
+    share_work: False is the naive reference (and the benchmark's baseline): drafting's keys and values are dropped
+    and verification recomputes every layer, as `transformers`' assistant_early_exit does.
     """
 
-    def __init__(self, target, exit_layer: int | None = None, adapter=None, min_draft_confidence: float = 0.0):
+    def __init__(
+        self, target, exit_layer: int | None = None, adapter=None, min_draft_confidence: float = 0.0,
+        share_work: bool = True,
+    ):
         self.adapter = _load_adapter(adapter, target.model)
         if exit_layer is None:
             if self.adapter is None:
@@ -47,12 +52,13 @@ class EarlyExitDrafter:
         target.parts  # fail now, not at the first draft, for a decoder that cannot run layer by layer
         self.exit_layer = exit_layer
         self.min_draft_confidence = min_draft_confidence
+        self.share_work = share_work
 
     def propose(self, context: DraftContext) -> Draft:
         target, cache, sampling = context.target, context.cache, context.sampling
         token = context.token_ids[-1:]  # [1] the pending token, not yet in the cache
         exit_states, tokens, draft_probs = [], [], []
-        while True:
+        while self.share_work or len(tokens) < context.num_draft_tokens:
             exit_state = target.exit_forward(token, cache, self.exit_layer)  # [1, hidden]; writes layers < exit_layer
             exit_states.append(exit_state)
             if len(tokens) == context.num_draft_tokens:
@@ -67,9 +73,14 @@ class EarlyExitDrafter:
                 tokens.append(sample_from(probs, context.generator))
                 draft_probs.append(probs)
             token = tokens[-1]
+        tokens = torch.cat(tokens) if tokens else context.token_ids.new_empty(0)
+        draft_probs = torch.cat(draft_probs) if draft_probs else None  # [num_draft_tokens, vocab] when sampling
+        if not self.share_work:  # the naive reference: forget the drafted layers' work, verification redoes it
+            cache.rollback(context.token_ids.shape[0] - 1)
+            return Draft(tokens, draft_probs)
         return Draft(
-            tokens=torch.cat(tokens) if tokens else context.token_ids.new_empty(0),
-            probs=torch.cat(draft_probs) if draft_probs else None,  # [num_draft_tokens, vocab] when sampling
+            tokens=tokens,
+            probs=draft_probs,
             prefilled_layers=self.exit_layer,
             prefilled_hidden=torch.cat(exit_states),  # [num_draft_tokens + 1, hidden]: pending, then each draft
         )

@@ -10,8 +10,13 @@ from selfspec.sampling import greedy_tokens, logits_to_probs, sample_from
 
 
 class MedusaDrafter:
-    def __init__(self, heads):
+    """min_draft_confidence: keep heads only up to the first whose top probability is below this (0 = keep all)."""
+
+    def __init__(self, heads, min_draft_confidence: float = 0.0):
+        if not 0.0 <= min_draft_confidence <= 1.0:
+            raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
         self.heads = heads
+        self.min_draft_confidence = min_draft_confidence
 
     def propose(self, context: DraftContext) -> Draft:
         num_draft_tokens = min(context.num_draft_tokens, self.heads.num_heads)
@@ -19,9 +24,18 @@ class MedusaDrafter:
             return Draft.empty(context.token_ids.device)
         logits = self.heads(context.hidden_state, context.target.logits, num_draft_tokens)  # [num_draft_tokens, vocab]
         if context.sampling.greedy:
-            return Draft(greedy_tokens(logits))
-        draft_probs = logits_to_probs(logits, context.sampling)
-        return Draft(sample_from(draft_probs, context.generator), draft_probs)
+            tokens, draft_probs = greedy_tokens(logits), None
+            confidence = logits.float().softmax(dim=-1).amax(dim=-1) if self.min_draft_confidence else None
+        else:
+            draft_probs = logits_to_probs(logits, context.sampling)
+            tokens, confidence = sample_from(draft_probs, context.generator), draft_probs.amax(dim=-1)
+        if self.min_draft_confidence:
+            # Only the number proposed changes (not which tokens, nor their law): the verifier stays exact.
+            unsure = (confidence < self.min_draft_confidence).nonzero()
+            if unsure.numel():
+                keep = int(unsure[0, 0])
+                tokens, draft_probs = tokens[:keep], None if draft_probs is None else draft_probs[:keep]
+        return Draft(tokens, draft_probs)
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass

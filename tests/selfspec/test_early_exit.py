@@ -126,12 +126,13 @@ def test_after_each_rollback_every_layer_holds_plain_decodings_keys_and_values(m
             torch.testing.assert_close(values, layer.values, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2"])
-def test_verification_reuses_the_drafted_layers(family):
+@pytest.mark.parametrize("family,share_work", [("llama", True), ("gpt2", True), ("llama", False)])
+def test_verification_reuses_the_drafted_layers(family, share_work):
     """Count tokens through each decoder layer: the first exit_layer layers see every position once (drafting),
-    the rest once (verifying), and no layer sees a position twice."""
+    the rest once (verifying), and no layer sees a position twice. The naive reference (share_work=False) instead
+    runs the first layers twice over every draft: once drafting, once verifying."""
     model = tiny_model(family, num_layers=4, seed=6)
-    spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
+    spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2, share_work=share_work)
     tokens_seen = [0] * 4
     layers = spec.target.parts.layers
     hooks = [
@@ -144,9 +145,10 @@ def test_verification_reuses_the_drafted_layers(family):
     finally:
         for hook in hooks:
             hook.remove()
+    assert torch.equal(out.sequences, reference(model, prompt, 25))
     steps = out.stats.target_forwards - 1
-    expected = prompt.shape[1] + steps + out.stats.drafted  # prefill; then the pending token and each draft, once
-    assert tokens_seen == [expected] * 4
+    once = prompt.shape[1] + steps + out.stats.drafted  # prefill; then the pending token and each draft, once
+    assert tokens_seen == [once] * 4 if share_work else [once + out.stats.drafted] * 2 + [once] * 2
 
 
 def test_confidence_threshold_drafts_fewer():
