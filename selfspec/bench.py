@@ -7,7 +7,7 @@
 Methods: plain `model.generate`; transformers' prompt lookup, early exit and assisted generation with a separate
 small draft model; selfspec with speculation off, and with each drafter at a fixed num_draft_tokens and at "auto".
 Modes: greedy, sampling at temperature 1.0, and at 0.7 with top-p 0.9. Then a sweep of num_draft_tokens 1..8 per
-drafter (greedy), and a check on useless drafts (random-token prompts; heads with random weights).
+drafter (greedy), and a check on useless drafts (random drafts; heads with random weights; random-token prompts).
 
 Hygiene: a fixed torch thread count (default 1), a warm-up of every method, methods in a fresh random order for
 every (round, prompt, mode), each run timed from outside with the device synchronised, medians over rounds with
@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-from selfspec.bench_methods import MODES, Method, Mode, kv_bytes_per_token, selfspec_method, transformers_method
+from selfspec.bench_methods import (
+    MODES, Method, RandomDrafter, kv_bytes_per_token, selfspec_method, transformers_method,
+)
 from selfspec.bench_report import Entry, machine_info, markdown, plot_sweep, summarize
 
 REFERENCE = Path("examples/reference")
@@ -370,17 +372,21 @@ def sweep(settings: BenchSettings, loaded: Loaded, specs, methods, prompts, base
 
 
 def useless_drafts(settings: BenchSettings, loaded: Loaded, specs, prompts, auto: bool, base_parameters) -> list[dict]:
-    """Cases where drafts cannot help; the ratio that matters is against speculation off on the same prompts."""
+    """Cases where drafts cannot help (random drafts; heads with random weights) and one where they may not (random-token
+    prompts: a small model often repeats itself after them, which n-gram drafts then catch). The ratio that matters is
+    against speculation off on the same prompts; the acceptance column shows how useless the drafts were."""
     from selfspec import SelfSpecModel
 
     n, eos, k = settings.max_new_tokens, loaded.eos_token_id, settings.num_draft_tokens
     policies = [k, "auto"] if auto else [k]
     real = prompts[: settings.useless_prompts]
-    cases = [("random-token prompts", random_prompt_ids(settings, loaded, real),
-              {d: specs[d] for d in ("ngram", "medusa") if d in specs})]
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    cases = [("random drafts", real, {"random": SelfSpecModel(loaded.model, RandomDrafter(vocab, settings.seed))})]
     if loaded.heads is not None:
         noise = random_heads(loaded, settings.seed + 2)
         cases.append(("heads with random weights", real, {"medusa": SelfSpecModel(loaded.model, "medusa", heads=noise)}))
+    cases.append(("random-token prompts", random_prompt_ids(settings, loaded, real),
+                  {d: specs[d] for d in ("ngram", "medusa", "early_exit") if d in specs}))
     records = []
     for case, case_prompts, case_specs in cases:
         methods = [selfspec_method("selfspec speculation off", specs["none"], n, eos, 0, "none")] + [

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from selfspec.drafters.base import Draft, DraftContext
 from selfspec.engine import SelfSpecModel
 
 
@@ -185,6 +186,22 @@ def selfspec_method(name: str, spec: SelfSpecModel, max_new_tokens: int, eos_tok
                    kv_bytes=stats.peak_cache_bytes, peak_device_bytes=timer.peak_bytes)
 
     return Method(name, "selfspec", run, drafter, num_draft_tokens, parameter_count(extra), parameter_bytes(extra))
+
+
+class RandomDrafter:
+    """Uniformly random draft tokens (point masses): drafts that are almost never right, whatever the prompt. The
+    useless-drafts check runs it through the public drafter interface, like any user's drafter."""
+
+    def __init__(self, vocab_size: int, seed: int = 0):
+        self.vocab_size = vocab_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def propose(self, context: DraftContext) -> Draft:
+        tokens = torch.randint(0, self.vocab_size, (context.num_draft_tokens,), generator=self.generator)
+        return Draft(tokens.to(context.token_ids.device))
+
+    def observe(self, num_drafted: int, num_accepted: int) -> None:
+        pass
 
 
 class _Timer:
