@@ -11,6 +11,7 @@ about files, optimizers or devices.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -55,26 +56,48 @@ def head_loss_weights(num_heads: int, decay: float) -> list[float]:
     return [decay**k for k in range(num_heads)]
 
 
+def medusa_head_logits(heads, teacher: Teacher, target: TargetModel) -> Callable[[int, int], torch.Tensor]:
+    """A function (k, n) -> head k's logits [batch, n, vocab] at positions 0..n-1 of the batch.
+
+    The heads run once (one call of their forward, as data-parallel wrappers require). With a shared LM head an
+    identity projection makes that call return the heads' hidden states [batch, T, K, hidden], and each head is
+    projected through the base LM head only at the positions that have a target: the [batch, T, K, vocab] tensor
+    and its backward (the memory-bound bulk of a CPU step) never exist.
+    """
+    if heads_share_lm_head(heads):
+        states = heads(teacher.hidden, lambda x: x)  # [batch, T, K, hidden]
+        return lambda k, n: target.logits(states[:, :n, k])
+    logits = heads(teacher.hidden, target.logits)  # [batch, T, K, vocab]
+    return lambda k, n: logits[:, :n, k]
+
+
+def heads_share_lm_head(heads) -> bool:
+    return getattr(heads, "module", heads).config.share_lm_head  # through a DistributedDataParallel wrapper
+
+
 def medusa_loss(
-    head_logits: torch.Tensor, teacher: Teacher, input_ids: torch.Tensor, weights: list[float], labels: str = "distill"
+    head_logits: Callable[[int, int], torch.Tensor], teacher: Teacher, input_ids: torch.Tensor, weights: list[float],
+    labels: str = "distill",
 ) -> tuple[torch.Tensor, list[float]]:
     """(weighted loss, per-head top-1 agreement with the base's greedy token) for one batch.
 
-    head_logits: [batch, T, K, vocab] from the heads at every position. labels="distill": soft cross-entropy
-    against the base's distribution (self-distillation); "next-token": cross-entropy against the text.
+    head_logits(k, n): head k's logits [batch, n, vocab] at positions 0..n-1 (see `medusa_head_logits`).
+    labels="distill": soft cross-entropy against the base's distribution (self-distillation); "next-token":
+    cross-entropy against the text.
     """
-    T, num_heads = head_logits.shape[1], head_logits.shape[2]
+    T = teacher.logits.shape[1]
     greedy = teacher.logits.argmax(-1)  # [batch, T]
-    loss, agreement = head_logits.new_zeros((), dtype=torch.float32), []
-    for k in range(num_heads):
+    target_probs = torch.softmax(teacher.logits.float(), dim=-1) if labels == "distill" else None  # once, not per head
+    loss, agreement = teacher.logits.new_zeros((), dtype=torch.float32), []
+    for k, weight in enumerate(weights):
         n = T - 1 - k if labels == "distill" else T - 2 - k  # positions t with a target inside the window
-        student = head_logits[:, :n, k].float()  # [batch, n, vocab]
+        student = head_logits(k, n).float()  # [batch, n, vocab]
         if labels == "distill":
-            loss_k = soft_cross_entropy(student, teacher.logits[:, 1 + k : 1 + k + n])
+            loss_k = soft_cross_entropy(student, target_probs=target_probs[:, 1 + k : 1 + k + n])
         else:
             loss_k = F.cross_entropy(student.flatten(0, 1), input_ids[:, 2 + k : 2 + k + n].flatten())
-        loss = loss + weights[k] * loss_k
-        agreement.append((student.argmax(-1) == greedy[:, 1 + k : 1 + k + n]).float().mean().item())
+        loss = loss + weight * loss_k
+        agreement.append((student.detach().argmax(-1) == greedy[:, 1 + k : 1 + k + n]).float().mean().item())
     return loss, agreement
 
 
@@ -95,10 +118,17 @@ def exit_adapter_loss(
     return loss, [(student.argmax(-1) == teacher.logits.argmax(-1)).float().mean().item()]
 
 
-def soft_cross_entropy(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
-    """Mean over positions of -sum_v softmax(teacher)_v * log_softmax(student)_v (KL to the teacher + a constant)."""
-    target_probs = torch.softmax(teacher_logits.float(), dim=-1)
-    return -(target_probs * torch.log_softmax(student_logits, dim=-1)).sum(-1).mean()
+def soft_cross_entropy(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor | None = None, target_probs: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean over positions of -sum_v softmax(teacher)_v * log_softmax(student)_v (KL to the teacher + a constant).
+
+    Written as logsumexp(student) - <target_probs, student> (the probabilities sum to 1): the same value, without
+    materialising log_softmax over the vocabulary, which on a CPU makes the step memory-bound.
+    """
+    if target_probs is None:
+        target_probs = torch.softmax(teacher_logits.float(), dim=-1)
+    return (torch.logsumexp(student_logits, dim=-1) - torch.linalg.vecdot(target_probs, student_logits)).mean()
 
 
 # -- evaluation ------------------------------------------------------------------------------------------------

@@ -370,9 +370,8 @@ def train_loop(settings, accelerator, heads, optimizer, state, target, windows, 
             with sync, accelerator.autocast():
                 teacher = head_recipe.run_base(target, batch, exit_layer)
                 if settings.kind == "medusa":
-                    loss, agreement = head_recipe.medusa_loss(
-                        heads(teacher.hidden, target.logits), teacher, batch, weights, settings.labels
-                    )
+                    head_logits = head_recipe.medusa_head_logits(heads, teacher, target)
+                    loss, agreement = head_recipe.medusa_loss(head_logits, teacher, batch, weights, settings.labels)
                 else:
                     exit_logits = head_recipe.exit_adapter_logits(heads, target, norm, teacher.exit_hidden)
                     loss, agreement = head_recipe.exit_adapter_loss(exit_logits, teacher, batch, settings.labels)

@@ -78,7 +78,9 @@ def test_medusa_loss_targets_are_the_base_distribution_at_the_shifted_position()
     head_logits = torch.full((2, 10, 3, 7), -1e4)
     for k in range(3):
         head_logits[:, : 10 - 1 - k, k] = base_logits[:, 1 + k :]  # head k at t sees the base's logits at t+1+k
-    loss, agreement = head_recipe.medusa_loss(head_logits, teacher, torch.zeros(2, 10, dtype=torch.long), [1, 1, 1])
+    loss, agreement = head_recipe.medusa_loss(
+        lambda k, n: head_logits[:, :n, k], teacher, torch.zeros(2, 10, dtype=torch.long), [1, 1, 1]
+    )
     entropy = sum(
         -(base_logits[:, 1 + k :].softmax(-1) * base_logits[:, 1 + k :].log_softmax(-1)).sum(-1).mean() for k in range(3)
     )
