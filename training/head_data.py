@@ -90,7 +90,8 @@ def encode(tokenizer, documents: list[Document]) -> torch.Tensor:
     """One [num_tokens] stream: document, eos, document, eos, ... (no eos when the tokenizer has none)."""
     eos = tokenizer.eos_token_id
     stream: list[int] = []
-    encodings = tokenizer([d.text for d in documents], add_special_tokens=False)["input_ids"]
+    # verbose=False: whole files exceed model_max_length by design; they are cut into windows later
+    encodings = tokenizer([d.text for d in documents], add_special_tokens=False, verbose=False)["input_ids"]
     for ids in encodings:
         stream.extend(ids)
         if eos is not None:
