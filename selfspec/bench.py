@@ -328,6 +328,8 @@ def main(argv=None) -> dict:
     report["prompts"] = [loaded.tokenizer.decode(p[0]).splitlines()[0] for p in prompts]  # first lines, to recognise them
     methods, specs, auto = build_methods(settings, loaded, report["notes"])
     warm_up(methods, prompts[0][:, -32:])
+    # "auto" measures each SelfSpecModel's verify cost once (at warm-up) and plans with it: record what it saw.
+    auto_specs = {d: spec for d, spec in specs.items() if d != "none"} if auto else {}
 
     def write(final: bool = False) -> None:
         """Outputs after every phase, so an interrupted run (a time limit) keeps the phases that finished."""
@@ -338,6 +340,8 @@ def main(argv=None) -> dict:
             print(text)
         if settings.markdown:
             Path(settings.markdown).write_text(text)
+        report["verify_cost"] = {name: [round(c, 3) for c in spec.verify_cost().relative]
+                                 for name, spec in auto_specs.items()}
         if settings.json:
             Path(settings.json).write_text(json.dumps(report, indent=2) + "\n")
 
@@ -351,7 +355,8 @@ def main(argv=None) -> dict:
     if settings.plot and report["sweep"]:
         plot_sweep(report["sweep"], settings.plot, title=f"{Path(settings.model).name}, {machine['device_name']}, "
                                                          f"{settings.dtype}, {settings.threads} thread(s)")
-    report["useless_drafts"] = useless_drafts(settings, loaded, specs, prompts, auto, base_parameters)
+    report["useless_drafts"] = useless_drafts(settings, loaded, specs, prompts, auto, base_parameters,
+                                              auto_specs)
     write(final=True)
     return report
 
@@ -371,7 +376,8 @@ def sweep(settings: BenchSettings, loaded: Loaded, specs, methods, prompts, base
     return [r for r in summarize(entries, "generate", base_parameters, sweep_methods) if r["method"] != "generate"]
 
 
-def useless_drafts(settings: BenchSettings, loaded: Loaded, specs, prompts, auto: bool, base_parameters) -> list[dict]:
+def useless_drafts(settings: BenchSettings, loaded: Loaded, specs, prompts, auto: bool, base_parameters,
+                   auto_specs: dict) -> list[dict]:
     """Cases where drafts cannot help (random drafts; heads with random weights) and one where they may not (random-token
     prompts: a small model often repeats itself after them, which n-gram drafts then catch). The ratio that matters is
     against speculation off on the same prompts; the acceptance column shows how useless the drafts were."""
@@ -389,6 +395,8 @@ def useless_drafts(settings: BenchSettings, loaded: Loaded, specs, prompts, auto
                   {d: specs[d] for d in ("ngram", "medusa", "early_exit") if d in specs}))
     records = []
     for case, case_prompts, case_specs in cases:
+        if auto:
+            auto_specs.update({f"{case}: {d}": spec for d, spec in case_specs.items()})
         methods = [selfspec_method("selfspec speculation off", specs["none"], n, eos, 0, "none")] + [
             selfspec_method(f"selfspec {d} {'k=' if p != 'auto' else ''}{p}", spec, n, eos, p, d)
             for d, spec in case_specs.items() for p in policies

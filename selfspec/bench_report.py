@@ -232,6 +232,11 @@ def markdown(report: dict) -> str:
     lines += main_table(report["records"])
     lines += sweep_table(report["sweep"])
     lines += useless_table(report["useless_drafts"])
+    costs = {name: curve for name, curve in report.get("verify_cost", {}).items() if ":" not in name}
+    if costs:
+        lines += ["", "Verify cost that num_draft_tokens=\"auto\" measured and planned with (one forward verifying k = 0, "
+                      "1, ... drafts, in one-token decodes): " + "; ".join(
+                          f"{name} " + " ".join(f"{c:.2f}" for c in curve) for name, curve in costs.items())]
     lines += ["", MEMORY_NOTE]
     lines += [f"Note: {n}" for n in report["notes"]]
     return "\n".join(lines) + "\n"

@@ -63,6 +63,7 @@ def test_bench_runs_and_writes_records_table_and_plot(reference, tmp_path):
     assert "| method | tokens/s | speedup | tokens/forward | efficiency |" in table and "### sweep" in table
     assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
     assert report["records"] == records
+    assert all(len(curve) > 1 and curve[0] == 1.0 for curve in saved["verify_cost"].values())
 
 
 @pytest.mark.parametrize("missing, command", [
