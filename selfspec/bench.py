@@ -110,7 +110,8 @@ def parse_args(argv=None) -> BenchSettings:
 
 
 def _missing(path: str) -> bool:
-    return path.lower() != "none" and not Path(path).is_dir()
+    """True unless 'none' or a directory with a config.json (a half-written training output has none yet)."""
+    return path.lower() != "none" and not (Path(path) / "config.json").is_file()
 
 
 def check_paths(settings: BenchSettings) -> None:
