@@ -54,7 +54,7 @@ class ModelParts:
         self.norm = getattr(decoder, layout.norm)
         self.rotary_emb = getattr(decoder, layout.rotary) if layout.rotary else None
         self.position_embeddings = getattr(decoder, layout.positions) if layout.positions else None
-        self.dropout = getattr(decoder, layout.dropout) if layout.dropout else None
+        self.dropout = getattr(decoder, layout.dropout, None) if layout.dropout else None
         # The modeling files iterate `layers[: config.num_hidden_layers]`; so do we.
         self.num_layers = self.config.num_hidden_layers
 

@@ -75,7 +75,7 @@ def test_acceptance_is_estimated_per_position():
     policy = AdaptiveDraftLength(CPU_LIKE)
     assert run_steps(policy, lambda position: position == 0, 60)[-20:].count(1) >= 16
     rates = policy.acceptance()
-    assert rates[0] > 0.9 and rates[1] < 0.3
+    assert rates[0] > 0.8 and rates[1] < 0.3  # 0.86 is the most 10 observations + a prior worth 4 allow
 
 
 def test_policy_from_argument():
@@ -126,10 +126,7 @@ class _Recording(AdaptiveDraftLength):
 
 
 def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
-    """With this machine's measured cost curve and step times (what "auto" uses), after a short warm-up. On a loaded
-    machine a tiny model's measured cost of one extra verified token can come out ~0, and then drafting one cheap
-    token with a 5 % chance is (rightly) worth it: so "little" is at most about one draft token per step here;
-    the unit tests above pin k = 0 for a known cost curve."""
+    """With this machine's measured cost curve and step times (what "auto" uses), after a short warm-up."""
     model = tiny_model("llama", seed=4)
     prompt = random_prompt(6, seed=5)
     continuation = model.generate(
@@ -143,7 +140,7 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
         assert torch.equal(out.sequences[0], continuation)
         later = policy.chosen[len(policy.chosen) // 2 :]
         later_k[wrong] = sum(later) / len(later)
-    assert later_k[True] < 1.5 and later_k[False] > 6
+    assert later_k[True] < 0.5 and later_k[False] > 6
 
 
 def test_medusa_confidence_threshold_drafts_fewer_and_stays_exact():
