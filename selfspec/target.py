@@ -87,9 +87,10 @@ class TargetModel:
 
     @torch.no_grad()
     def _check_logits(self) -> None:
+        cache = self.new_cache()  # first, so a cache that cannot roll back is named before anything else fails
         probe = torch.arange(4, device=self.device) % self.vocab_size
         expected = self.model(input_ids=probe[None]).logits[0]
-        got = self.logits(self.forward(probe, self.new_cache()))
+        got = self.logits(self.forward(probe, cache))
         tolerance = 1e-3 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-5
         scale = expected.abs().max().clamp_min(1.0)
         if got.shape != expected.shape or (got - expected).abs().max() > tolerance * scale * 10:
