@@ -182,10 +182,13 @@ def build_data(settings, model, process_index: int = 0) -> tuple[Windows, Window
 
 def self_generate(settings, model, count: int, text_tokens, generator) -> torch.Tensor:
     """[count, seq_len] continuations by the base of --prompt-len tokens of text (or of its bos/eos token)."""
+    temperature = settings.self_generate_temperature
     if text_tokens is not None:
         prompts = Windows(text_tokens, settings.prompt_len).batch(count, generator)
+        temperature = 0.0 if temperature is None else temperature
     else:
-        if settings.self_generate_temperature <= 0:
+        temperature = 1.0 if temperature is None else temperature
+        if temperature <= 0:
             raise ValueError(
                 "greedy self-generation from nothing writes the same sequence every time: pass --data for prompts "
                 "or set --self-generate-temperature > 0"
@@ -194,9 +197,7 @@ def self_generate(settings, model, count: int, text_tokens, generator) -> torch.
         if start is None:
             raise ValueError("the model names no bos or eos token to start generating from: pass --data for prompts")
         prompts = torch.full((count, 1), int(start), dtype=torch.long)
-    return continue_tokens(
-        model, prompts, settings.seq_len - prompts.shape[1], settings.self_generate_temperature, generator
-    )
+    return continue_tokens(model, prompts, settings.seq_len - prompts.shape[1], temperature, generator)
 
 
 def _check_vocab(tokens: torch.Tensor, model) -> None:

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import math
 import time
+import types
 import typing
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ class HeadSettings:
     time_budget: float = 600.0
     save_every: int = 100
     self_generate: int = 0
-    self_generate_temperature: float = 0.0
+    self_generate_temperature: float | None = None
     prompt_len: int = 32
     eval_tokens: int = 32768
     eval_continuations: int = 16
@@ -127,7 +128,9 @@ _HELP = {
     "save_every": "100: optimizer steps between checkpoints (heads and checkpoint/); 0 = only at the end",
     "self_generate": "0 = off; N > 0 trains on N sequences of --seq-len the base writes itself, continuing "
     "--prompt-len tokens of the training text (or starting from its eos/bos token when there is no --data)",
-    "self_generate_temperature": "0 = greedy continuations (what greedy decoding will ask the heads); > 0 samples",
+    "self_generate_temperature": "default: 0 (greedy continuations: what greedy decoding will ask of the heads) "
+    "when --data gives prompts, 1.0 (sampled) when there is no --data (greedy from one start token would repeat "
+    "one sequence); > 0 samples at that temperature",
     "prompt_len": "32: prompt tokens for --self-generate and for the greedy-continuation evaluation",
     "eval_tokens": "32768: held-out tokens evaluated (evenly spaced windows of --seq-len)",
     "eval_continuations": "16: also evaluate on the base's greedy continuations of this many held-out prompts, "
@@ -149,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> HeadSettings:
     for field in dataclasses.fields(HeadSettings):
         flag = "--" + field.name.replace("_", "-")
         kind = hints[field.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `float | None`: a float flag, default None
+            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
         options: dict = {"help": _HELP[field.name]}
         if field.default is dataclasses.MISSING:
             options["required"] = True

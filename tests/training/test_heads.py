@@ -225,6 +225,9 @@ def test_self_generate_and_exit_adapter(tmp_path, model_dir, texts):
     assert adapter.exit_layer == 1
 
 
-def test_greedy_self_generation_needs_prompts(tmp_path, model_dir):
+def test_self_generation_without_data_samples_and_holds_out_its_own_sequences(tmp_path, model_dir):
+    result = run(settings(model_dir, tmp_path / "a", self_generate=8, max_steps=2, eval_continuations=0),
+                 progress_bar=False)
+    assert result["heldout_text"]["positions"] == 8 * (32 - 4)  # eval_tokens 256 = 8 sampled windows of 32
     with pytest.raises(ValueError, match="same sequence every time"):
-        run(settings(model_dir, tmp_path, self_generate=4), progress_bar=False)
+        run(settings(model_dir, tmp_path / "b", self_generate=4, self_generate_temperature=0.0), progress_bar=False)
