@@ -3,7 +3,7 @@ with plain `model.generate` and once drafting for itself with its Medusa heads. 
 same tokens; selfspec just needs fewer passes through the model.
 
     python examples/demo.py                 # one CPU thread, well under two minutes
-    python examples/demo.py --max-new-tokens 200 --runs 7 --num-draft-tokens 4
+    python examples/demo.py --max-new-tokens 200 --runs 7 --num-draft-tokens 2
 
 The full comparison (transformers' prompt lookup, early exit, a separate draft model; sampling; a sweep of the
 number of draft tokens) is `python -m selfspec.bench`.
@@ -27,8 +27,10 @@ def parse_args(argv=None):
     parser.add_argument("--heads", default=str(REFERENCE / "heads"), help="Medusa heads directory for that model")
     parser.add_argument("--max-new-tokens", type=int, default=128,
                         help="128: the prompt plus the completion stay within the 256 positions the model trained on")
-    parser.add_argument("--num-draft-tokens", default="3",
-                        help='drafts per step, or "auto"; 3 suits a CPU, where verifying k tokens costs ~1 + 0.15 k decodes')
+    parser.add_argument("--num-draft-tokens", default="auto",
+                        help='drafts per step, or "auto" (default): chosen each step from the acceptance so far and this '
+                             "device's measured cost of verifying k drafts (on a CPU that cost grows with k; on a GPU "
+                             "it hardly does)")
     parser.add_argument("--runs", type=int, default=5, help="timed runs of each, interleaved; the median is shown")
     parser.add_argument("--prompt-seed", type=int, default=0, help="which held-out prompt (training.corpus.heldout_prompts)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings for a small model")
