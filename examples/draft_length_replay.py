@@ -5,7 +5,7 @@ confidence thresholds over the same greedy continuations, without re-running the
 
 While greedy drafts are right they only depend on the true sequence, so one forward over prompt + continuation
 tells, for every position t, how many consecutive drafts from t would be accepted: early exit at layer L drafts the
-exit's argmax at t, t+1, ...; n-gram looks up seq[:t+1]. A policy is replayed by asking for k at t, accepting
+exit's argmax at t, t+1, ...; n-gram looks up seq[:t+1]; Medusa heads read the hidden state at t-1. A policy is replayed by asking for k at t, accepting
 min(k, proposed, right[t]) and moving on by that + 1. Step costs, in one-token decodes, come from forwards timed
 here (CPU time, fastest of several rounds): verify V(k) = forward over k + 1 tokens; early exit with shared work costs
 (d + 1) exit passes (first L layers + norm + LM head, one token each) + the remaining layers over d + 1 tokens.
@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from heads import MedusaHeads
 from selfspec.draft_length import AdaptiveDraftLength, VerifyCost, _non_decreasing
 from selfspec.drafters.ngram import lookup
 from selfspec.target import TargetModel
@@ -32,6 +33,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--exit-layer", type=int, default=2)
+    parser.add_argument("--heads", help="Medusa heads directory: replay them too")
     parser.add_argument("--prompts", type=int, default=12)
     parser.add_argument("--prompt-chars", type=int, default=400)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -43,8 +45,8 @@ def parse_args(argv=None):
 
 
 @torch.inference_mode()
-def measure_costs(target: TargetModel, exit_layer: int, rounds: int, context: int = 128) -> dict:
-    """One-token decode, verify V(k), exit pass and remaining-layers verify, in one-token decodes.
+def measure_costs(target: TargetModel, exit_layer: int, rounds: int, heads=None, context: int = 128) -> dict:
+    """One-token decode, verify V(k), exit pass, remaining-layers verify and one Medusa head, in one-token decodes.
 
     CPU time of this process (this tool wants the intrinsic cost ratios; the machine is shared, and wall time would
     mostly measure the other jobs), all items interleaved in every round, fastest of `rounds` kept.
@@ -58,6 +60,9 @@ def measure_costs(target: TargetModel, exit_layer: int, rounds: int, context: in
     for k in range(MAX_K + 1):
         items[f"verify{k}"] = lambda k=k: target.logits(target.forward(new(k + 1), cache))
         items[f"rest{k}"] = lambda k=k: target.logits(target.forward(new(k + 1), cache, exit_layer, prefilled[k]))
+    if heads is not None:
+        hidden = torch.zeros(target.hidden_size)
+        items["head"] = lambda: heads(hidden, target.logits, heads.num_heads)
     prefilled = {}
     best = dict.fromkeys(items, float("inf"))
     for round_ in range(rounds + 1):  # round 0 warms up
@@ -73,12 +78,14 @@ def measure_costs(target: TargetModel, exit_layer: int, rounds: int, context: in
     decode = best["decode"]
     verify = VerifyCost(tuple(_non_decreasing([max(1.0, best[f"verify{k}"] / decode) for k in range(MAX_K + 1)])), decode)
     rest = VerifyCost(tuple(_non_decreasing([best[f"rest{k}"] / decode for k in range(MAX_K + 1)])), decode)
-    return {"verify": verify, "exit": best["exit"] / decode, "rest": rest, "plain": 1.0}
+    head = best["head"] / decode / heads.num_heads if heads is not None else 0.0
+    return {"verify": verify, "exit": best["exit"] / decode, "rest": rest, "plain": 1.0, "head": head}
 
 
 @torch.inference_mode()
-def traces(model, tokenizer, target, args):
-    """Per prompt: (prompt length, seq, exit_right [T], exit_confidence [T]) for the greedy continuation."""
+def traces(model, tokenizer, target, args, heads=None):
+    """Per prompt: (prompt length, seq, exit_right [T], exit_confidence [T], medusa) for the greedy continuation;
+    medusa: (right [T, heads], confidence [T, heads]) of the heads reading position t's hidden state, or None."""
     from training.corpus import heldout_prompts
 
     out = []
@@ -89,7 +96,13 @@ def traces(model, tokenizer, target, args):
         hidden = target.exit_forward(seq, target.new_cache(), args.exit_layer)  # [T, hidden]
         probs = target.logits(target.final_norm(hidden)).float().softmax(-1)  # [T, vocab]
         right = torch.cat([probs[:-1].argmax(-1) == seq[1:], torch.tensor([False])])
-        out.append((prompt.shape[1], seq, right.tolist(), probs.max(-1).values.tolist()))
+        medusa = None
+        if heads is not None:  # head i at hidden t guesses seq[t + 2 + i]
+            head_probs = heads(target.forward(seq, target.new_cache()), target.logits).float().softmax(-1)  # [T, H, V]
+            num_heads, length = head_probs.shape[1], seq.shape[0]
+            future = torch.stack([torch.cat([seq[2 + i :], seq.new_full((2 + i,), -1)]) for i in range(num_heads)], 1)
+            medusa = ((head_probs.argmax(-1) == future[:length]).tolist(), head_probs.max(-1).values.tolist())
+        out.append((prompt.shape[1], seq, right.tolist(), probs.max(-1).values.tolist(), medusa))
     return out
 
 
@@ -102,14 +115,20 @@ def run_length(flags, t, cap):
 
 def replay(trace, drafter, choose_k, observe, min_confidence, costs):
     """Tokens and cost of one generation under a policy (choose_k() -> k; observe(d, a, step_cost))."""
-    prompt_len, seq, right, confidence = trace
-    t, end, tokens, cost = prompt_len - 1, len(seq) - 1, 0, 0.0
+    prompt_len, seq, right, confidence, medusa = trace
+    t, end, tokens, cost = prompt_len, len(seq) - 1, 0, 0.0  # seq[t]: the pending token (prefill chose it)
     while t < end:
         k = min(choose_k(), end - t - 1)
         if drafter == "early_exit":
             proposed = run_length([c >= min_confidence for c in confidence], t, k) if min_confidence else k
             accepted = min(run_length(right, t, MAX_K), proposed)
             step = costs["plain"] if proposed == 0 and k == 0 else (proposed + 1) * costs["exit"] + costs["rest"](proposed)
+        elif drafter == "medusa":  # the pending token seq[t] was predicted from hidden t - 1: its heads draft
+            head_right, head_confidence = medusa[0][t - 1], medusa[1][t - 1]
+            k = min(k, len(head_right))
+            proposed = run_length([c >= min_confidence for c in head_confidence], 0, k) if min_confidence else k
+            accepted = run_length(head_right, 0, proposed)
+            step = costs["verify"](proposed) + proposed * costs["head"]
         else:
             draft = lookup(seq[: t + 1], k, 3, 1)
             proposed = draft.shape[0]
@@ -153,22 +172,24 @@ def main(argv=None):
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     target = TargetModel(model)
-    costs = {**measure_costs(target, args.exit_layer, args.rounds), "overhead": args.overhead}
+    heads = MedusaHeads.from_pretrained(args.heads, model=model).eval() if args.heads else None
+    costs = {**measure_costs(target, args.exit_layer, args.rounds, heads), "overhead": args.overhead}
     verify = costs["verify"]
     print(f"verify V(k): {[round(v, 2) for v in verify.relative]}; early exit at {args.exit_layer}: exit pass "
-          f"{costs['exit']:.2f}, remaining layers {[round(v, 2) for v in costs['rest'].relative]} (one-token "
-          f"decodes; decode {1000 * verify.decode_seconds:.1f} ms CPU)")
+          f"{costs['exit']:.2f}, remaining layers {[round(v, 2) for v in costs['rest'].relative]}; Medusa head "
+          f"{costs['head']:.2f} (one-token decodes; decode {1000 * verify.decode_seconds:.1f} ms CPU)")
     started = time.perf_counter()
-    all_traces = traces(model, tokenizer, target, args)
+    all_traces = traces(model, tokenizer, target, args, heads)
     exit_right = sum(sum(t[2][t[0] - 1 :]) for t in all_traces) / sum(len(t[1]) - t[0] for t in all_traces)
     print(f"{len(all_traces)} prompts x {args.max_new_tokens} tokens traced in {time.perf_counter() - started:.0f}s; "
           f"exit layer {args.exit_layer} top-1 agreement {exit_right:.2f}")
 
-    results = {"costs": {"verify": verify.relative, "exit": costs["exit"], "rest": costs["rest"].relative}}
-    for drafter in ("ngram", "early_exit"):
+    results = {"costs": {"verify": verify.relative, "exit": costs["exit"], "rest": costs["rest"].relative,
+                         "head": costs["head"]}}
+    for drafter in ("ngram", "early_exit") + (("medusa",) if heads is not None else ()):
         print(f"\n== {drafter}")
         rows = [(f"fixed k={k}", evaluate(all_traces, drafter, fixed(k), 0.0, costs)) for k in range(MAX_K + 1)]
-        if drafter == "early_exit":
+        if drafter != "ngram":
             for k, c in itertools.product((1, 2, 3, 4, 6, 8), (0.1, 0.2, 0.3, 0.4, 0.5, 0.6)):
                 rows.append((f"fixed k={k} conf>={c}", evaluate(all_traces, drafter, fixed(k), c, costs)))
         grid = itertools.product((0.8, 0.9, 0.95), (0.3, 0.5, 0.7), (1.0, 4.0, 8.0, 16.0), (8, 16, 32))
@@ -177,7 +198,7 @@ def main(argv=None):
             make = auto(verify, decay=decay, prior_acceptance=prior, prior_weight=weight, probe_every=probe)
             name = f"auto decay={decay} prior={prior}x{weight} probe={probe}"
             rows.append((name, evaluate(all_traces, drafter, make, 0.0, costs)))
-            if drafter == "early_exit":
+            if drafter != "ngram":
                 for c in (0.1, 0.2, 0.3, 0.5):
                     rows.append((name + f" conf>={c}", evaluate(all_traces, drafter, make, c, costs)))
         rows.sort(key=lambda r: -r[1])

@@ -120,8 +120,11 @@ def main():
             f"{1000 * median / max(steps, 1):.2f} ms/step, {1000 * median / stats.new_tokens:.2f} ms/token"
         )
     (work_s, time_s, _), (work_r, time_r, _) = rows["shared"], rows["recompute"]
+    ratios = sorted(s / r for s, r in zip(seconds["shared"], seconds["recompute"]))  # within each round
+    quartiles = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
     print(
-        f"shared/recompute: layer work {work_s / work_r:.3f}, decode time {time_s / time_r:.3f}; "
+        f"shared/recompute: layer work {work_s / work_r:.3f}, decode time {time_s / time_r:.3f} (per-round ratios: "
+        f"median {quartiles[1]:.3f}, quartiles {quartiles[0]:.3f}-{quartiles[2]:.3f}); "
         f"shared vs plain decoding: time {time_s / rows['plain'][1]:.3f}"
     )
 

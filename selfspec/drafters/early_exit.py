@@ -107,5 +107,6 @@ def _load_adapter(adapter, model):
         return ExitAdapter.from_pretrained(adapter, model=model).eval()
     if isinstance(adapter, ExitAdapter):
         adapter.config.base.check_matches(BaseIdentity.of(model), "the exit adapter")
-        return adapter.eval()
+        weight = model.get_output_embeddings().weight
+        return adapter.to(device=weight.device, dtype=weight.dtype).eval()  # follow the model, as a loaded one does
     raise TypeError(f"adapter must be an ExitAdapter or its directory, got {type(adapter).__name__}")

@@ -177,3 +177,13 @@ def test_an_adapter_for_another_layer_or_base_fails_clearly():
     other = tiny_model("llama", num_layers=4, seed=11)
     with pytest.raises(ValueError, match="different base model"):
         SelfSpecModel(model, drafter="early_exit", adapter=ExitAdapter.for_model(other, 2))
+
+
+def test_an_adapter_module_follows_the_model_dtype():
+    model = tiny_model("llama", num_layers=3)  # float64
+    adapter = randomized_adapter(model, 1).to(torch.float32)
+    spec = SelfSpecModel(model, drafter="early_exit", adapter=adapter)
+    assert next(spec.drafter.adapter.parameters()).dtype == torch.float64
+    prompt = random_prompt(7, seed=12)
+    out = spec.generate(prompt, max_new_tokens=12, num_draft_tokens=3, eos_token_id=[])
+    assert torch.equal(out.sequences, reference(model, prompt, 12))
