@@ -1,6 +1,7 @@
 """Early exit is exact (greedy and sampled), shares the cache and the work with verification, and fails clearly."""
 import pytest
 import torch
+import transformers
 
 import selfspec.cache
 from heads.exit_adapter import ExitAdapter
@@ -187,3 +188,25 @@ def test_an_adapter_module_follows_the_model_dtype():
     prompt = random_prompt(7, seed=12)
     out = spec.generate(prompt, max_new_tokens=12, num_draft_tokens=3, eos_token_id=[])
     assert torch.equal(out.sequences, reference(model, prompt, 12))
+
+
+def test_a_sliding_window_model_stays_exact_past_its_window():
+    """Mistral with a 6-token window: layers briefly differ in length, rollback re-trims each window."""
+    config = transformers.MistralConfig(
+        vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, sliding_window=6, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.get_decoder().layers.parameters():
+            if p.dim() == 2:
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.2)
+    prompt = random_prompt(9, seed=2)
+    expected = reference(model, prompt, 30)
+    for exit_layer, k in [(1, 3), (2, 5)]:
+        out = SelfSpecModel(model, drafter="early_exit", exit_layer=exit_layer).generate(
+            prompt, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[]
+        )
+        assert torch.equal(out.sequences, expected)
