@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from heads.medusa import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, ResBlock, load_state_in_its_dtype
+from heads.medusa import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, ResBlock, read_config, load_state_in_its_dtype
 
 FORMAT_NAME = "selfspec-exit-adapter"
 
@@ -58,14 +58,10 @@ class ExitAdapter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "ExitAdapter":
-        config_path = os.path.join(directory, CONFIG_NAME)
-        if not os.path.isfile(config_path):
-            raise FileNotFoundError(f"no {CONFIG_NAME} in {directory!r}: not an exit-adapter directory")
-        with open(config_path) as f:
-            raw = json.load(f)
+        raw = read_config(directory, "an exit-adapter directory")
         if raw.get("format") != FORMAT_NAME:
             raise ValueError(f"{directory!r} holds {raw.get('format', 'something else')!r}, not an exit adapter")
-        base = BaseIdentity(**{**raw["base"], "signature": tuple(raw["base"].get("signature", ()))})
+        base = BaseIdentity.from_dict(raw["base"])
         adapter = cls(ExitAdapterConfig(raw["exit_layer"], raw["num_layers"], base))
         load_state_in_its_dtype(adapter, load_file(os.path.join(directory, WEIGHTS_NAME)))
         if model is not None:

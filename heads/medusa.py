@@ -35,6 +35,11 @@ class BaseIdentity:
     signature: tuple[float, ...] = field(default=())
 
     @classmethod
+    def from_dict(cls, raw: dict) -> "BaseIdentity":
+        """The identity as a checkpoint's config.json records it (JSON turns the signature into a list)."""
+        return cls(**{**raw, "signature": tuple(raw.get("signature", ()))})
+
+    @classmethod
     def of(cls, model) -> "BaseIdentity":
         config = model.config
         return cls(
@@ -81,6 +86,15 @@ def lm_head_signature(model) -> tuple[float, ...]:
     rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_SIZE).long()
     cols = torch.linspace(0, weight.shape[1] - 1, _SIGNATURE_SIZE).long().flip(0)
     return tuple(round(float(v), 6) for v in weight[rows.to(weight.device), cols.to(weight.device)].float())
+
+
+def read_config(directory: str | os.PathLike, what: str) -> dict:
+    """A checkpoint directory's config.json, or a FileNotFoundError saying the directory is not `what`."""
+    config_path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"no {CONFIG_NAME} in {directory!r}: not {what}")
+    with open(config_path) as f:
+        return json.load(f)
 
 
 @dataclass(frozen=True)
@@ -179,17 +193,13 @@ class MedusaHeads(nn.Module):
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "MedusaHeads":
         """Load heads saved by `save_pretrained` (or published Medusa heads, or a vLLM export); with `model`, check
         they fit it and move them to its device and dtype."""
-        config_path = os.path.join(directory, CONFIG_NAME)
-        if not os.path.isfile(config_path):
-            raise FileNotFoundError(f"no {CONFIG_NAME} in {directory!r}: not a heads directory")
-        with open(config_path) as f:
-            raw = json.load(f)
+        raw = read_config(directory, "a heads directory")
         if raw.get("format") != FORMAT_NAME:
             from heads.formats import load_published_medusa
 
             heads = load_published_medusa(directory, raw, model)
         else:
-            base = BaseIdentity(**{**raw["base"], "signature": tuple(raw["base"].get("signature", ()))})
+            base = BaseIdentity.from_dict(raw["base"])
             heads = cls(MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base))
             load_state_in_its_dtype(heads, load_file(os.path.join(directory, WEIGHTS_NAME)))
         if model is not None:
