@@ -6,15 +6,14 @@ distribution. Knows the module and its checkpoint; the early-exit drafter applie
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, dataclass
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from heads.medusa import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, ResBlock, read_config, load_state_in_its_dtype
+from heads.blocks import ResBlock
+from heads.checkpoint import BaseIdentity, attach, load_weights, place_like, read_config, save_checkpoint
 
 FORMAT_NAME = "selfspec-exit-adapter"
 
@@ -41,20 +40,14 @@ class ExitAdapter(nn.Module):
         num_hidden_layers = model.config.num_hidden_layers
         if not 1 <= exit_layer < num_hidden_layers:
             raise ValueError(f"exit_layer must be in [1, {num_hidden_layers - 1}] for this model, got {exit_layer}")
-        adapter = cls(ExitAdapterConfig(exit_layer, num_layers, BaseIdentity.of(model)))
-        weight = model.get_output_embeddings().weight
-        return adapter.to(device=weight.device, dtype=weight.dtype)
+        return place_like(cls(ExitAdapterConfig(exit_layer, num_layers, BaseIdentity.of(model))), model).train()
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] exit-layer output (before the final norm) -> [..., hidden], still before the final norm."""
         return self.blocks(hidden)
 
     def save_pretrained(self, directory: str | os.PathLike) -> None:
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-            json.dump({**asdict(self.config), "format": FORMAT_NAME}, f, indent=2)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
+        save_checkpoint(self, directory, {**asdict(self.config), "format": FORMAT_NAME})
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "ExitAdapter":
@@ -62,10 +55,7 @@ class ExitAdapter(nn.Module):
         if raw.get("format") != FORMAT_NAME:
             raise ValueError(f"{directory!r} holds {raw.get('format', 'something else')!r}, not an exit adapter")
         base = BaseIdentity.from_dict(raw["base"])
-        adapter = cls(ExitAdapterConfig(raw["exit_layer"], raw["num_layers"], base))
-        load_state_in_its_dtype(adapter, load_file(os.path.join(directory, WEIGHTS_NAME)))
+        adapter = load_weights(cls(ExitAdapterConfig(raw["exit_layer"], raw["num_layers"], base)), directory)
         if model is not None:
-            base.check_matches(BaseIdentity.of(model), f"the exit adapter in {directory!r}", check_identity=check_base)
-            weight = model.get_output_embeddings().weight
-            adapter = adapter.to(device=weight.device, dtype=weight.dtype)
+            adapter = attach(adapter, model, base, f"the exit adapter in {directory!r}", check_identity=check_base)
         return adapter

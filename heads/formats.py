@@ -24,7 +24,8 @@ import re
 import torch
 from safetensors.torch import load_file, save_file
 
-from heads.medusa import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, MedusaConfig, MedusaHeads, load_state_in_its_dtype
+from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, load_state_in_its_dtype
+from heads.medusa import MedusaConfig, MedusaHeads
 
 PUBLISHED_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 VLLM_MODEL_TYPE = "medusa"

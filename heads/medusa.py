@@ -7,94 +7,19 @@ of the base it was built for). Knows nothing about decoding; published Medusa an
 """
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
+from heads.blocks import ResBlock  # noqa: F401  (re-exported)
+from heads.checkpoint import (  # noqa: F401  (BaseIdentity and read_config re-exported for older imports)
+    CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, load_weights, read_config, save_checkpoint,
+)
+
 FORMAT_NAME = "selfspec-medusa"
-_SIGNATURE_SIZE = 16  # sampled LM-head weights recorded to recognise the base across dtypes and paths
-
-
-@dataclass(frozen=True)
-class BaseIdentity:
-    """What heads remember of the model they were built for, so a mismatch fails at load, not as garbage."""
-
-    hidden_size: int
-    vocab_size: int
-    name_or_path: str = ""
-    model_type: str = ""
-    # A few LM-head weights at fixed positions: survives moving the checkpoint or changing the dtype,
-    # differs between two trainings of the same architecture. Empty when unknown (published Medusa heads).
-    signature: tuple[float, ...] = field(default=())
-
-    @classmethod
-    def from_dict(cls, raw: dict) -> "BaseIdentity":
-        """The identity as a checkpoint's config.json records it (JSON turns the signature into a list)."""
-        return cls(**{**raw, "signature": tuple(raw.get("signature", ()))})
-
-    @classmethod
-    def of(cls, model) -> "BaseIdentity":
-        config = model.config
-        return cls(
-            hidden_size=config.hidden_size,
-            vocab_size=model.get_output_embeddings().weight.shape[0],
-            name_or_path=str(getattr(config, "_name_or_path", "") or ""),
-            model_type=str(getattr(config, "model_type", "")),
-            signature=lm_head_signature(model),
-        )
-
-    def check_matches(self, base: "BaseIdentity", what: str = "these heads", check_identity: bool = True) -> None:
-        """Raise a ValueError saying what differs and how to fix it. Shapes are always checked (no override can
-        make them fit); check_identity=False skips only the LM-head signature (same shapes, another training)."""
-        fix = "Load heads trained for this model, or train new ones with `python -m training.heads --model ...`."
-        if self.hidden_size != base.hidden_size:
-            raise ValueError(
-                f"{what} expect hidden size {self.hidden_size} but the model has {base.hidden_size}. {fix}"
-            )
-        if self.vocab_size != base.vocab_size:
-            raise ValueError(
-                f"{what} expect a vocabulary of {self.vocab_size} tokens but the model has {base.vocab_size}. {fix}"
-            )
-        if check_identity and self.signature and base.signature:
-            ours, theirs = torch.tensor(self.signature), torch.tensor(base.signature)
-            if not torch.allclose(ours, theirs, rtol=2e-2, atol=2e-3):
-                raise ValueError(
-                    f"{what} were built for a different base model ({self.name_or_path or 'unnamed'}, "
-                    f"{self.model_type}): its LM-head weights differ from this model's "
-                    f"({base.name_or_path or 'unnamed'}). {fix} To force it anyway pass check_base=False."
-                )
-
-
-def load_state_in_its_dtype(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """load_state_dict without a detour through the module's construction dtype (float32), which would round
-    float64 weights; the caller moves the module to a model's dtype afterwards if it wants another."""
-    dtypes = {v.dtype for v in state.values()}
-    if len(dtypes) == 1:
-        module.to(dtypes.pop())
-    module.load_state_dict(state)
-
-
-def lm_head_signature(model) -> tuple[float, ...]:
-    weight = model.get_output_embeddings().weight.detach()
-    rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_SIZE).long()
-    cols = torch.linspace(0, weight.shape[1] - 1, _SIGNATURE_SIZE).long().flip(0)
-    return tuple(round(float(v), 6) for v in weight[rows.to(weight.device), cols.to(weight.device)].float())
-
-
-def read_config(directory: str | os.PathLike, what: str) -> dict:
-    """A checkpoint directory's config.json, or a FileNotFoundError saying the directory is not `what`."""
-    config_path = os.path.join(directory, CONFIG_NAME)
-    if not os.path.isfile(config_path):
-        raise FileNotFoundError(f"no {CONFIG_NAME} in {directory!r}: not {what}")
-    with open(config_path) as f:
-        return json.load(f)
 
 
 @dataclass(frozen=True)
@@ -103,19 +28,6 @@ class MedusaConfig:
     num_layers: int  # residual blocks per head
     share_lm_head: bool  # True: every head projects through the base LM head (no extra vocabulary matrices)
     base: BaseIdentity
-
-
-class ResBlock(nn.Module):
-    """x + SiLU(W x + b), W zero-initialised so a fresh block is the identity (as Medusa initialises it)."""
-
-    def __init__(self, hidden_size: int):
-        super().__init__()
-        self.linear = nn.Linear(hidden_size, hidden_size)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + nn.functional.silu(self.linear(x))
 
 
 class MedusaHeads(nn.Module):
@@ -181,13 +93,7 @@ class MedusaHeads(nn.Module):
             return save_vllm(self, directory, model=model)
         if format != "selfspec":
             raise ValueError(f"unknown heads format {format!r}; choose 'selfspec' or 'vllm'")
-        os.makedirs(directory, exist_ok=True)
-        config = asdict(self.config)
-        config["format"] = FORMAT_NAME
-        with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-            json.dump(config, f, indent=2)
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
+        save_checkpoint(self, directory, {**asdict(self.config), "format": FORMAT_NAME})
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "MedusaHeads":
@@ -200,10 +106,7 @@ class MedusaHeads(nn.Module):
             heads = load_published_medusa(directory, raw, model)
         else:
             base = BaseIdentity.from_dict(raw["base"])
-            heads = cls(MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base))
-            load_state_in_its_dtype(heads, load_file(os.path.join(directory, WEIGHTS_NAME)))
+            heads = load_weights(cls(MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base)), directory)
         if model is not None:
-            heads.check_base(model, f"the heads in {directory!r}", check_identity=check_base)
-            weight = model.get_output_embeddings().weight
-            heads = heads.to(device=weight.device, dtype=weight.dtype)
+            heads = attach(heads, model, heads.config.base, f"the heads in {directory!r}", check_identity=check_base)
         return heads

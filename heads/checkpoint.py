@@ -1,0 +1,124 @@
+"""Checkpoint identity and placement for every head kind: what base a head was built for, reading and writing its
+directory (config.json + model.safetensors), and moving a head onto the model it drafts for.
+
+The one place that checks "does this head fit this model" and "follow the model's device and dtype". Knows nothing
+about any head's architecture.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, is_dataclass
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+_SIGNATURE_SIZE = 16  # sampled LM-head weights recorded to recognise the base across dtypes and paths
+
+
+@dataclass(frozen=True)
+class BaseIdentity:
+    """What heads remember of the model they were built for, so a mismatch fails at load, not as garbage."""
+
+    hidden_size: int
+    vocab_size: int
+    name_or_path: str = ""
+    model_type: str = ""
+    # A few LM-head weights at fixed positions: survives moving the checkpoint or changing the dtype,
+    # differs between two trainings of the same architecture. Empty when unknown (published Medusa heads).
+    signature: tuple[float, ...] = field(default=())
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "BaseIdentity":
+        """The identity as a checkpoint's config.json records it (JSON turns the signature into a list)."""
+        return cls(**{**raw, "signature": tuple(raw.get("signature", ()))})
+
+    @classmethod
+    def of(cls, model) -> "BaseIdentity":
+        config = model.config
+        return cls(
+            hidden_size=config.hidden_size,
+            vocab_size=model.get_output_embeddings().weight.shape[0],
+            name_or_path=str(getattr(config, "_name_or_path", "") or ""),
+            model_type=str(getattr(config, "model_type", "")),
+            signature=lm_head_signature(model),
+        )
+
+    def check_matches(self, base: "BaseIdentity", what: str = "these heads", check_identity: bool = True) -> None:
+        """Raise a ValueError saying what differs and how to fix it. Shapes are always checked (no override can
+        make them fit); check_identity=False skips only the LM-head signature (same shapes, another training)."""
+        fix = "Load heads trained for this model, or train new ones with `python -m training.heads --model ...`."
+        if self.hidden_size != base.hidden_size:
+            raise ValueError(
+                f"{what} expect hidden size {self.hidden_size} but the model has {base.hidden_size}. {fix}"
+            )
+        if self.vocab_size != base.vocab_size:
+            raise ValueError(
+                f"{what} expect a vocabulary of {self.vocab_size} tokens but the model has {base.vocab_size}. {fix}"
+            )
+        if check_identity and self.signature and base.signature:
+            ours, theirs = torch.tensor(self.signature), torch.tensor(base.signature)
+            if not torch.allclose(ours, theirs, rtol=2e-2, atol=2e-3):
+                raise ValueError(
+                    f"{what} were built for a different base model ({self.name_or_path or 'unnamed'}, "
+                    f"{self.model_type}): its LM-head weights differ from this model's "
+                    f"({base.name_or_path or 'unnamed'}). {fix} To force it anyway pass check_base=False."
+                )
+
+
+def load_state_in_its_dtype(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """load_state_dict without a detour through the module's construction dtype (float32), which would round
+    float64 weights; the caller moves the module to a model's dtype afterwards if it wants another."""
+    dtypes = {v.dtype for v in state.values()}
+    if len(dtypes) == 1:
+        module.to(dtypes.pop())
+    module.load_state_dict(state)
+
+
+def lm_head_signature(model) -> tuple[float, ...]:
+    weight = model.get_output_embeddings().weight.detach()
+    rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_SIZE).long()
+    cols = torch.linspace(0, weight.shape[1] - 1, _SIGNATURE_SIZE).long().flip(0)
+    return tuple(round(float(v), 6) for v in weight[rows.to(weight.device), cols.to(weight.device)].float())
+
+
+def read_config(directory: str | os.PathLike, what: str) -> dict:
+    """A checkpoint directory's config.json, or a FileNotFoundError saying the directory is not `what`."""
+    config_path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"no {CONFIG_NAME} in {directory!r}: not {what}")
+    with open(config_path) as f:
+        return json.load(f)
+
+
+def place_like(module: nn.Module, model) -> nn.Module:
+    """Move a head onto the device and dtype of the model's LM head, in eval mode (heads follow the model)."""
+    weight = model.get_output_embeddings().weight
+    return module.to(device=weight.device, dtype=weight.dtype).eval()
+
+
+def attach(module: nn.Module, model, base: BaseIdentity, what: str, check_identity: bool = True) -> nn.Module:
+    """Check that a head built for `base` fits `model`, then place it on the model."""
+    base.check_matches(BaseIdentity.of(model), what, check_identity)
+    return place_like(module, model)
+
+
+def save_checkpoint(module: nn.Module, directory: str | os.PathLike, config: dict) -> None:
+    """config.json (with the head's `format` name and base identity inside `config`) + model.safetensors."""
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, CONFIG_NAME), "w") as f:
+        json.dump(config, f, indent=2)
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+    save_file(state, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def load_weights(module: nn.Module, directory: str | os.PathLike) -> nn.Module:
+    load_state_in_its_dtype(module, load_file(os.path.join(directory, WEIGHTS_NAME)))
+    return module
+
+
+def config_dict(config) -> dict:
+    return asdict(config) if is_dataclass(config) else dict(config)

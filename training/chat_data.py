@@ -1,0 +1,158 @@
+"""Self-distillation data for a chat model: the base answers prompts through its own chat template, and the
+hidden states it computed while answering are kept, so training never runs the base again.
+
+    python -m training.chat_data --model smollm2 --out runs/smollm2-data --time-budget 1500
+
+A data directory holds shards `shard_00000.pt` ... each a list of records {"ids": [T] int32 (prompt + reply),
+"hidden": [T - 1, H] float16 final post-norm hidden states at positions 0 .. T-2 (position t predicts t+1),
+"reply_start": index of the first reply token, "greedy": bool} and `meta.json` (the base's identity, counts).
+Batched `generate` with left padding writes the replies; a forward hook on the decoder's final norm records
+the hidden states each step computes anyway. Knows nothing about heads or losses.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from training import prompts as prompt_sets
+
+META_NAME = "meta.json"
+
+
+@dataclass(frozen=True)
+class ChatDataSettings:
+    model: str
+    out: str
+    time_budget: float = 1500.0  # seconds for the whole run, model loading included
+    max_new_tokens: int = 192  # SmolLM2's replies often run longer; 192 keeps a batch's tail short
+    batch_size: int = 32  # batched greedy decoding: ~280 tokens/s on 2 threads for SmolLM2 (FACTS.md)
+    sampled_every: int = 3  # every third batch is sampled (T=0.7, top-p 0.9), the rest greedy
+    threads: int = 0  # 0: every core
+    seed: int = 0
+
+
+def parse_args(argv=None) -> ChatDataSettings:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for field in ChatDataSettings.__dataclass_fields__.values():
+        flag = "--" + field.name.replace("_", "-")
+        if field.default is field.default_factory:  # required
+            parser.add_argument(flag, required=True)
+        else:
+            parser.add_argument(flag, type=type(field.default), default=field.default)
+    return ChatDataSettings(**vars(parser.parse_args(argv)))
+
+
+class FinalNormRecorder:
+    """Forward hook on the decoder's final norm: keeps each call's output ([B, T, H]) on the CPU."""
+
+    def __init__(self, norm: torch.nn.Module):
+        self.outputs: list[torch.Tensor] = []
+        self._handle = norm.register_forward_hook(lambda module, args, output: self.outputs.append(output.detach().cpu()))
+
+    def take(self) -> torch.Tensor:
+        """[B, T_total, H]: every recorded call concatenated along time; clears the record."""
+        out, self.outputs = torch.cat(self.outputs, dim=1), []
+        return out
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+@torch.no_grad()
+def answer_batch(model, tokenizer, norm, batch: list[list[int]], max_new_tokens: int, greedy: bool, seed: int) -> list[dict]:
+    """Left-pad the prompts, generate, and cut each row to prompt + reply (through its EOS) with its hidden states."""
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else model.generation_config.eos_token_id
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])
+    recorder = FinalNormRecorder(norm)
+    try:
+        torch.manual_seed(seed)
+        sequences = model.generate(
+            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens, do_sample=not greedy,
+            temperature=None if greedy else 0.7, top_p=None if greedy else 0.9, top_k=None, pad_token_id=pad,
+        )
+        hidden = recorder.take()  # [B, width + steps - 1, H]: the last generated token is never fed back
+    finally:
+        recorder.remove()
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
+    records = []
+    for row, prompt in enumerate(batch):
+        reply = sequences[row, width:].tolist()
+        end = next((i + 1 for i, token in enumerate(reply) if token in eos), len(reply))
+        reply = reply[:end]
+        ids = prompt + reply
+        start = width - len(prompt)
+        states = hidden[row, start : start + len(ids) - 1]
+        records.append({"ids": torch.tensor(ids, dtype=torch.int32), "hidden": states.to(torch.float16).clone(),
+                        "reply_start": len(prompt), "greedy": greedy})
+    return records
+
+
+def run(settings: ChatDataSettings) -> dict:
+    from heads.checkpoint import BaseIdentity
+    from selfspec.loading import load_model, load_tokenizer
+
+    started = time.perf_counter()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    model, tokenizer = load_model(settings.model), load_tokenizer(settings.model)
+    tokenizer.padding_side = "left"
+    norm = model.get_decoder().norm
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = prompt_sets.train_prompts(settings.seed)
+    meta = {"settings": asdict(settings), "base": asdict(BaseIdentity.of(model)), "shards": [], "records": 0,
+            "tokens": 0, "reply_tokens": 0}
+    bar = tqdm(total=int(settings.time_budget), desc="self-generating replies", unit="s")
+    for number, first in enumerate(range(0, len(prompts), settings.batch_size)):
+        elapsed = time.perf_counter() - started
+        if elapsed > settings.time_budget * 0.92:  # a batch takes ~1 min: stop while it still fits
+            break
+        batch = [chat_prompt_ids(tokenizer, p) for p in prompts[first : first + settings.batch_size]]
+        greedy = settings.sampled_every <= 0 or number % settings.sampled_every != settings.sampled_every - 1
+        records = answer_batch(model, tokenizer, norm, batch, settings.max_new_tokens, greedy, settings.seed + number)
+        name = f"shard_{number:05d}.pt"
+        torch.save(records, out / name)
+        meta["shards"].append(name)
+        meta["records"] += len(records)
+        meta["tokens"] += sum(len(r["ids"]) for r in records)
+        meta["reply_tokens"] += sum(len(r["ids"]) - r["reply_start"] for r in records)
+        meta["seconds"] = round(time.perf_counter() - started, 1)
+        (out / META_NAME).write_text(json.dumps(meta, indent=2))
+        bar.update(int(time.perf_counter() - started) - bar.n)
+        bar.set_postfix(replies=meta["records"], reply_tokens=meta["reply_tokens"],
+                        tok_s=f"{meta['reply_tokens'] / meta['seconds']:.0f}")
+    bar.close()
+    print(f"chat_data: {meta['records']} replies, {meta['reply_tokens']} reply tokens ({meta['tokens']} with prompts) "
+          f"in {meta['seconds']:.0f}s -> {out}")
+    return meta
+
+
+def load_records(directory: str | Path) -> list[dict]:
+    directory = Path(directory)
+    meta = json.loads((directory / META_NAME).read_text())
+    records = []
+    for name in meta["shards"]:
+        records += torch.load(directory / name)
+    return records
+
+
+def main(argv=None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
