@@ -1,0 +1,93 @@
+"""One verify forward over a whole draft tree, through the model's public decoder, and the wrap-time probe for it.
+
+The tree's rows [pending, *tree.tokens] are appended after the cache's contents in one forward. Each row attends
+to every cached token and to its own ancestors (itself included), and sits at position `past + depth`, so its
+hidden state is the one a plain forward over its path would give. Both go in through `transformers`' public
+arguments: a 4D `attention_mask` is used as given by the sdpa and eager attention paths (`masking_utils` returns
+a 4D mask unchanged), and `position_ids`. No modeling code is copied. Knows nothing about verification.
+"""
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import DynamicLayer
+
+from selfspec.cache import KVCache
+from selfspec.target import TargetModel
+from selfspec.tree import DraftTree
+
+
+def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """[1, 1, num_nodes + 1, past_length + num_nodes + 1] additive mask: 0 where attended, finfo(dtype).min elsewhere.
+
+    Additive in the model's dtype because eager attention adds the mask to the scores (sdpa takes the same).
+    """
+    rows = tree.num_nodes + 1
+    attended = torch.ones(rows, past_length + rows, dtype=torch.bool, device=device)
+    attended[:, past_length:] = tree.ancestor_mask().to(device)
+    mask = torch.zeros(attended.shape, dtype=dtype, device=device)
+    mask.masked_fill_(~attended, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCache) -> torch.Tensor:
+    """[pending, *tree.tokens] appended after the cache's contents -> [num_nodes + 1, hidden] final hidden states.
+
+    Row 0 is the pending token (the root), row i + 1 node i. The cache grows by num_nodes + 1 entries in row order;
+    `tree_cache.keep_path` keeps the accepted path's entries afterwards.
+    """
+    past = cache.length
+    device = target.device
+    ids = torch.cat([torch.tensor([int(pending)], device=device), tree.tokens.to(device)])  # [num_nodes + 1]
+    positions = past + tree.position_offsets().to(device)  # [num_nodes + 1]
+    mask = tree_attention_mask(tree, past, target.lm_head.weight.dtype, device)
+    out = target.decoder(
+        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], cache=cache.hf_cache, use_cache=True
+    )
+    return out.last_hidden_state[0]
+
+
+# A probe with siblings at two depths, a deeper branch and a leaf next to it: rows 0..6.
+_PROBE_PARENTS = [-1, -1, 0, 0, 2, 1]
+_PROBE_PROMPT = 3
+
+
+@torch.no_grad()
+def check_tree_support(target: TargetModel) -> None:
+    """Wrap-time check that a tree forward gives every node the hidden state of a plain forward over its path.
+
+    Raises NotImplementedError, saying what to do, for families whose attention ignores or rejects a custom 4D mask
+    (e.g. flash-attention kernels) or whose cache cannot keep a path (sliding-window or recurrent layers).
+    """
+    name = type(target.model).__name__
+    attn = getattr(target.model.config, "_attn_implementation", None)
+    cache = target.new_cache()
+    if any(type(layer) is not DynamicLayer for layer in cache.hf_cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.hf_cache.layers})
+        raise NotImplementedError(
+            f"tree drafts need full-attention cache layers; {name} uses {kinds}. Use a chain draft (tree_size=None)."
+        )
+    vocab = target.vocab_size
+    prompt = (torch.arange(_PROBE_PROMPT, device=target.device) * 7 + 3) % vocab
+    tokens = (torch.arange(len(_PROBE_PARENTS), device=target.device) * 5 + 11) % vocab
+    tree = DraftTree(tokens, torch.tensor(_PROBE_PARENTS, device=target.device))
+    try:
+        target.forward(prompt[:-1], cache)
+        got = tree_forward(target, int(prompt[-1]), tree, cache)  # [num_nodes + 1, hidden]
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise NotImplementedError(
+            f"{name} (attn_implementation={attn!r}) rejected a custom 4D attention mask ({err}); tree drafts need "
+            "attn_implementation='sdpa' or 'eager'. Use a chain draft (tree_size=None) or reload the model with one."
+        ) from err
+    # Loose enough for kernels that sum in another order, far tighter than what an ignored mask changes.
+    tolerance = 1e-2 if got.dtype in (torch.float16, torch.bfloat16) else 1e-4
+    for row in range(tree.num_nodes + 1):
+        path = tree.path_to(row - 1)
+        ids = torch.cat([prompt, tokens[path]])
+        expected = target.decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0, -1]
+        scale = expected.abs().max().clamp_min(1.0)
+        if got.shape[0] != tree.num_nodes + 1 or (got[row] - expected).abs().max() > tolerance * scale:
+            raise NotImplementedError(
+                f"{name} (attn_implementation={attn!r}) does not honour a custom 4D attention mask with position ids: "
+                "a tree forward differs from a plain forward over the same path. Tree drafts need "
+                "attn_implementation='sdpa' or 'eager'; use a chain draft (tree_size=None) otherwise."
+            )
