@@ -1,0 +1,3 @@
+from selfspec.bench import main
+
+main()

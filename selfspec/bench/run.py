@@ -1,0 +1,182 @@
+"""The benchmark's phases, in order, each followed by writing every output: the main table (every method, every
+mode), the num_draft_tokens sweep (greedy), the useless-drafts check. A time limit keeps what finished.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from selfspec.bench.machine import machine_info
+from selfspec.bench.methods import GREEDY, SAMPLE, SAMPLE_T1, Method, selfspec_method, transformers_method
+from selfspec.bench.models import Loaded, check_paths, load, parameters
+from selfspec.bench.prompts import label, prompt_ids, prompt_texts
+from selfspec.bench.report import markdown, write_outputs
+from selfspec.bench.schedule import Deadline, run_schedule, warm_up
+from selfspec.bench.settings import BenchSettings, model_name, parse_args
+from selfspec.bench.summary import summarize
+from selfspec.bench.useless import useless_cases
+from selfspec.engine import SelfSpecModel
+
+GENERATE = "generate"
+OFF = "selfspec speculation off"
+
+
+def main(argv=None) -> dict:
+    """Run the benchmark from command-line arguments; returns the report (also written to --out)."""
+    settings = parse_args(argv)
+    check_paths(settings)
+    _set_threads(settings.threads)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    started, deadline = time.perf_counter(), Deadline(settings.time_limit)
+    machine = machine_info(settings.device, settings.threads)
+    notes: list[str] = []
+    report = {"machine": machine, "settings": asdict(settings), "model_name": model_name(settings.model),
+              "records": [], "sweep": [], "useless_drafts": [], "verify_cost": {}, "notes": notes,
+              "phases_finished": [], "stopped_by_time_limit": False, "seconds": 0.0}
+    if settings.device == "cpu" and machine["load_average_1min"] > machine["cpus_available"] - settings.threads:
+        notes.append(f"the machine was busy at the start (load average {machine['load_average_1min']:.1f} on "
+                     f"{machine['cpus_available']} CPUs): expect noisier timings than on an idle machine")
+    if settings.dtype != "float32":
+        notes.append(f"{settings.dtype}: a forward over several tokens rounds differently from one over a single "
+                     "token, so any speculative method's greedy tokens (transformers' too) can part from plain "
+                     "generate's at near-ties")
+    loaded = load(settings, notes)
+    report["base_parameters"] = base = parameters(loaded.model)[0]
+    kind, texts = prompt_texts(loaded.tokenizer, settings.num_prompts)
+    report["prompt_kind"], report["prompts"] = kind, [label(t) for t in texts]
+    max_positions = getattr(loaded.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    prompts = prompt_ids(loaded.tokenizer, texts, kind, max_positions, settings.max_new_tokens, settings.device)
+    methods, specs = main_methods(settings, loaded, notes)
+    warm_up(methods, prompts[0][:, -32:])
+    out = Path(settings.out)
+
+    def finish_phase(name: str, stopped: bool) -> bool:
+        """Write everything so far; True when the time limit says stop."""
+        report["seconds"] = round(time.perf_counter() - started, 1)
+        report["verify_cost"] = _verify_costs(methods)
+        if stopped:
+            report["stopped_by_time_limit"] = True
+            notes.append(f"stopped by --time-limit {settings.time_limit:g} s during the {name} phase: its unfinished "
+                         "round was dropped and later phases did not run")
+        else:
+            report["phases_finished"].append(name)
+        write_outputs(report, out)
+        return stopped
+
+    modes = (GREEDY, SAMPLE, SAMPLE_T1) if settings.t1 else (GREEDY, SAMPLE)
+    print(f"main table: {len(methods)} methods x {len(modes)} modes x {len(prompts)} prompts x {settings.repeats} "
+          f"rounds; writing to {out}", file=sys.stderr)
+    entries, stopped = run_schedule(methods, prompts, modes, settings.repeats, settings.seed, "main", deadline)
+    report["records"] = summarize(entries, [m.name for m in methods], {"speedup": GENERATE}, base)
+    if not finish_phase("main", stopped):
+        report["sweep"], stopped = sweep(settings, loaded, specs, methods[:1] + [_off(methods)], prompts, deadline)
+        if not finish_phase("sweep", stopped):
+            report["useless_drafts"], stopped = useless_drafts(settings, loaded, methods, prompts, deadline, notes)
+            finish_phase("useless drafts", stopped)
+    print(markdown(report))
+    return report
+
+
+def _set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or parallel work has started (e.g. when called from a test)
+        pass
+
+
+def _off(methods: list[Method]) -> Method:
+    return next(m for m in methods if m.name == OFF)
+
+
+def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> tuple[list[Method], dict]:
+    """(the main table's methods, {drafter: SelfSpecModel} for the sweep). selfspec drafters run at their defaults,
+    plus a fixed num_draft_tokens row each with --fixed-k."""
+    model, eos, pad, n = loaded.model, loaded.eos_token_id, loaded.pad_token_id, settings.max_new_tokens
+    layer, lookup = loaded.exit_layer, settings.prompt_lookup_tokens
+    methods = [
+        transformers_method(GENERATE, model, n, eos, pad),
+        transformers_method(f"transformers prompt lookup k={lookup}", model, n, eos, pad, "prompt_lookup", lookup,
+                            prompt_lookup_num_tokens=lookup),
+        transformers_method(f"transformers early exit L={layer}", model, n, eos, pad, "early_exit",
+                            assistant_early_exit=layer),
+    ]
+    if loaded.draft is not None:
+        methods.append(transformers_method("transformers draft model", model, n, eos, pad, "draft_model",
+                                           extra=loaded.draft, assistant_model=loaded.draft))
+    notes.append("transformers' early exit and draft model run with generate's defaults for assisted generation; "
+                 f"prompt lookup with prompt_lookup_num_tokens={lookup} and its default max_matching_ngram_size")
+    specs, extras = {"none": SelfSpecModel(model, drafter="none", tokenizer=loaded.tokenizer)}, {}
+    specs["ngram"] = SelfSpecModel(model, drafter="ngram")
+    try:
+        specs["early_exit"] = SelfSpecModel(model, drafter="early_exit", exit_layer=layer)
+    except (ValueError, TypeError, NotImplementedError) as err:
+        notes.append(f"selfspec early exit skipped: {err}")
+    if loaded.heads is not None:
+        specs["medusa"], extras["medusa"] = SelfSpecModel(model, drafter="medusa", heads=loaded.heads), loaded.heads
+    if loaded.eagle is not None:
+        try:
+            specs["eagle"] = SelfSpecModel(model, drafter="eagle", head=loaded.eagle)
+            extras["eagle"] = loaded.eagle
+        except (ValueError, TypeError, NotImplementedError) as err:
+            notes.append(f"eagle skipped: this engine does not take drafter='eagle' yet ({err})")
+    methods.append(selfspec_method(OFF, lambda: specs["none"], n, eos, "none"))
+    for drafter, spec in specs.items():
+        if drafter == "none":
+            continue
+        where = f" L={layer}" if drafter == "early_exit" else ""
+        methods.append(selfspec_method(f"selfspec {drafter}{where} (default)", lambda spec=spec: spec, n, eos, drafter,
+                                       extra=extras.get(drafter)))
+        if settings.fixed_k:
+            methods.append(selfspec_method(f"selfspec {drafter}{where} k={settings.fixed_k}", lambda spec=spec: spec,
+                                           n, eos, drafter, settings.fixed_k, extra=extras.get(drafter)))
+    return methods, specs
+
+
+def _verify_costs(methods: list[Method]) -> dict:
+    """The verify-cost curve each selfspec model measured (for a num_draft_tokens="auto" policy), when the engine
+    exposes one; `verify_cost` is not part of the engine's promised interface, so it is optional here."""
+    costs = {}
+    for method in methods:
+        measure = getattr(method.spec, "verify_cost", None)
+        if method.num_draft_tokens is None and method.drafter != "none" and measure is not None:
+            costs[method.name] = [round(c, 3) for c in measure().relative]
+    return costs
+
+
+def sweep(settings: BenchSettings, loaded: Loaded, specs: dict, baselines: list[Method], prompts, deadline):
+    """num_draft_tokens 1..sweep_max per drafter, greedy, beside generate and speculation off (the k = 0 point)."""
+    drafters = [d for d in specs if d != "none"]
+    if settings.sweep_max <= 0 or not drafters:
+        return [], False
+    methods = baselines + [
+        selfspec_method(f"selfspec {d} k={k}", lambda d=d: specs[d], settings.max_new_tokens, loaded.eos_token_id, d, k)
+        for d in drafters for k in range(1, settings.sweep_max + 1)
+    ]
+    entries, stopped = run_schedule(methods, prompts[: settings.sweep_prompts], (GREEDY,), settings.repeats,
+                                    settings.seed, "sweep", deadline)
+    records = summarize(entries, [m.name for m in methods], {"speedup": GENERATE}, parameters(loaded.model)[0])
+    return [r for r in records if r["method"] != GENERATE], stopped
+
+
+def useless_drafts(settings: BenchSettings, loaded: Loaded, methods: list[Method], prompts, deadline, notes):
+    """Each useless-drafts case in its own schedule beside generate and speculation off, on the same prompts."""
+    records, base = [], parameters(loaded.model)[0]
+    baselines = [methods[0], _off(methods)]
+    for case in useless_cases(loaded, settings.max_new_tokens, settings.seed, notes):
+        case_prompts = prompts[: settings.useless_prompts]
+        warm_up([case.method], case_prompts[0][:, -32:])
+        entries, stopped = run_schedule(baselines + [case.method], case_prompts, case.modes, settings.repeats,
+                                        settings.seed, case.name, deadline)
+        summary = summarize(entries, [m.name for m in baselines + [case.method]],
+                            {"speedup": GENERATE, "vs_speculation_off": OFF}, base)
+        records += [{"case": case.name, **r} for r in summary if r["method"] == case.method.name]
+        if stopped:
+            return records, True
+    return records, False

@@ -1,0 +1,103 @@
+"""The benchmark's arithmetic: entries (one run each) -> one record per (method, mode) with medians over rounds,
+min-max spreads, ratios paired by round against baseline methods, acceptance by position and greedy identity.
+Knows nothing about models, decoding or output formats.
+"""
+from __future__ import annotations
+
+import statistics
+
+from selfspec.bench.schedule import Entry
+from selfspec.stats import GenerationStats
+
+
+def per_round(entries: list[Entry]) -> dict[int, float]:
+    """round -> tokens per second over that round's prompts (total tokens / total seconds)."""
+    tokens, seconds = {}, {}
+    for e in entries:
+        tokens[e.round] = tokens.get(e.round, 0) + e.run.new_tokens
+        seconds[e.round] = seconds.get(e.round, 0.0) + e.run.seconds
+    return {r: tokens[r] / seconds[r] for r in tokens if seconds[r] > 0}
+
+
+def ratios(entries: list[Entry], baseline: list[Entry]) -> list[float]:
+    """Per round: this method's tokens per second over the baseline's in the same round (same prompts and mode)."""
+    mine, theirs = per_round(entries), per_round(baseline)
+    return [mine[r] / theirs[r] for r in sorted(mine) if r in theirs]
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int]:
+    total = [0] * max((len(x) for x in lists), default=0)
+    for x in lists:
+        for i, v in enumerate(x):
+            total[i] += v
+    return total
+
+
+def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str], base_parameters: int) -> list[dict]:
+    """One record per (method, mode): modes in the order they were run, methods in `order` (their names).
+
+    baselines: record key -> method name, e.g. {"speedup": "generate", "vs_speculation_off": "selfspec speculation
+    off"}: the median over rounds of the per-round ratio against that method in the same mode. Greedy records also
+    get `greedy_identical` = [runs whose tokens equal the first baseline's on the same round and prompt, compared].
+    """
+    groups: dict[tuple[str, str], list[Entry]] = {}
+    for e in sorted(entries, key=lambda e: (e.round, e.prompt)):
+        groups.setdefault((e.method.name, e.mode.name), []).append(e)
+    reference = next(iter(baselines.values()), None)
+    records = []
+    for (name, mode), group in groups.items():
+        record = _record(group, base_parameters)
+        for key, baseline in baselines.items():
+            values = ratios(group, groups.get((baseline, mode), []))
+            record[key], record[key + "_range"] = _median(values), _range(values)
+        if not group[0].mode.do_sample and name != reference:
+            expected = {(e.round, e.prompt): e.run.token_ids for e in groups.get((reference, mode), [])}
+            pairs = [(e.run.token_ids, expected[(e.round, e.prompt)]) for e in group if (e.round, e.prompt) in expected]
+            record["greedy_identical"] = [sum(a == b for a, b in pairs), len(pairs)] if pairs else None
+        records.append(record)
+    modes = list(dict.fromkeys(e.mode.name for e in entries))
+    return sorted(records, key=lambda r: (modes.index(r["mode"]), order.index(r["method"])))
+
+
+def _record(group: list[Entry], base_parameters: int) -> dict:
+    method, mode, runs = group[0].method, group[0].mode, [e.run for e in group]
+    rounds = per_round(group)
+    forwards = [r.target_forwards for r in runs]
+    new_tokens = sum(r.new_tokens for r in runs)
+    # Per-position acceptance as GenerationStats defines it, over all runs' counts.
+    pooled = GenerationStats(drafted_by_position=_sum_lists([r.drafted_by_position for r in runs]),
+                             accepted_by_position=_sum_lists([r.accepted_by_position for r in runs]))
+    drafted = sum(pooled.drafted_by_position)
+    return {
+        "method": method.name,
+        "family": method.family,
+        "drafter": method.drafter,
+        "num_draft_tokens": method.num_draft_tokens if method.num_draft_tokens is not None else "default",
+        "mode": mode.name,
+        "do_sample": mode.do_sample,
+        "temperature": mode.temperature if mode.do_sample else None,
+        "top_p": mode.top_p,
+        "runs": len(runs),
+        "rounds": len(rounds),
+        "new_tokens": new_tokens,
+        "seconds": round(sum(r.seconds for r in runs), 4),
+        "tokens_per_second": _median(rounds.values()),
+        "tokens_per_second_range": _range(rounds.values()),
+        "tokens_per_forward": new_tokens / sum(forwards) if None not in forwards and sum(forwards) else None,
+        "acceptance": sum(pooled.accepted_by_position) / drafted if drafted else None,
+        "acceptance_by_position": pooled.acceptance_by_position,
+        "drafted_by_position": pooled.drafted_by_position,
+        "extra_parameters": method.extra_parameters,
+        "extra_parameters_fraction": method.extra_parameters / base_parameters if base_parameters else 0.0,
+        "greedy_identical": None,
+    }
+
+
+def _median(values) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def _range(values) -> list[float] | None:
+    values = list(values)
+    return [min(values), max(values)] if values else None
