@@ -72,7 +72,7 @@ class BaseIdentity:
 def load_state_in_its_dtype(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """load_state_dict without a detour through the module's construction dtype (float32), which would round
     float64 weights; the caller moves the module to a model's dtype afterwards if it wants another."""
-    dtypes = {v.dtype for v in state.values()}
+    dtypes = {v.dtype for v in state.values() if v.is_floating_point()}  # id buffers (draft_vocab) keep theirs
     if len(dtypes) == 1:
         module.to(dtypes.pop())
     module.load_state_dict(state)

@@ -28,6 +28,7 @@ class MedusaConfig:
     num_layers: int  # residual blocks per head
     share_lm_head: bool  # True: every head projects through the base LM head (no extra vocabulary matrices)
     base: BaseIdentity
+    draft_vocab_size: int = 0  # 0: the full vocabulary; N > 0: a `draft_vocab` buffer of N ids (heads/draft_vocab.py)
 
 
 class MedusaHeads(nn.Module):
@@ -44,17 +45,28 @@ class MedusaHeads(nn.Module):
             if config.share_lm_head
             else nn.ModuleList(nn.Linear(hidden, vocab, bias=False) for _ in range(config.num_heads))
         )
+        if config.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
 
     @property
     def num_heads(self) -> int:
         return self.config.num_heads
 
     @classmethod
-    def for_model(cls, model, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True) -> "MedusaHeads":
-        """Fresh heads sized for `model`, on its device and dtype; own LM projections start as copies of the base's."""
+    def for_model(
+        cls, model, num_heads: int = 4, num_layers: int = 1, share_lm_head: bool = True,
+        draft_vocab: torch.Tensor | None = None,
+    ) -> "MedusaHeads":
+        """Fresh heads sized for `model`, on its device and dtype; own LM projections start as copies of the base's.
+        draft_vocab [N]: the ids the heads may draft (with a shared LM head, they project onto those rows only)."""
         if num_heads < 1 or num_layers < 1:
             raise ValueError(f"num_heads and num_layers must be >= 1, got {num_heads} and {num_layers}")
-        heads = cls(MedusaConfig(num_heads, num_layers, share_lm_head, BaseIdentity.of(model)))
+        draft_vocab_size = 0 if draft_vocab is None else len(draft_vocab)
+        heads = cls(MedusaConfig(num_heads, num_layers, share_lm_head, BaseIdentity.of(model), draft_vocab_size))
+        if draft_vocab is not None:
+            heads.draft_vocab.copy_(draft_vocab)
         base_lm_head = model.get_output_embeddings()
         if heads.lm_heads is not None:
             for lm_head in heads.lm_heads:
@@ -106,7 +118,8 @@ class MedusaHeads(nn.Module):
             heads = load_published_medusa(directory, raw, model)
         else:
             base = BaseIdentity.from_dict(raw["base"])
-            heads = load_weights(cls(MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base)), directory)
+            config = MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base, raw.get("draft_vocab_size", 0))
+            heads = load_weights(cls(config), directory)
         if model is not None:
             heads = attach(heads, model, heads.config.base, f"the heads in {directory!r}", check_identity=check_base)
         return heads

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from training import corpus
+from training.schedule import warmup_cosine
 
 
 @dataclass(frozen=True)
@@ -230,11 +230,7 @@ def evaluate(model, batches: list[torch.Tensor], exit_layer: int) -> dict[str, f
 
 
 def learning_rate(settings: BaseSettings, step: int, progress: float) -> float:
-    """Linear warm-up for warmup_steps, then cosine from lr to lr * min_lr_ratio as progress goes 0 -> 1."""
-    if step < settings.warmup_steps:
-        return settings.lr * (step + 1) / settings.warmup_steps
-    cosine = 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
-    return settings.lr * (settings.min_lr_ratio + (1.0 - settings.min_lr_ratio) * cosine)
+    return warmup_cosine(settings.lr, settings.warmup_steps, settings.min_lr_ratio, step, progress)
 
 
 def make_optimizer(model, settings: BaseSettings) -> torch.optim.Optimizer:

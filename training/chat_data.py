@@ -12,6 +12,7 @@ the hidden states each step computes anyway. Knows nothing about heads or losses
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -65,6 +66,7 @@ class FinalNormRecorder:
 
 
 def chat_prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """The prompt as one user turn through the tokenizer's chat template, with the generation prompt."""
     ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True)
     return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
@@ -101,49 +103,68 @@ def answer_batch(model, tokenizer, norm, batch: list[list[int]], max_new_tokens:
     return records
 
 
-def run(settings: ChatDataSettings) -> dict:
+def generate_records(settings: ChatDataSettings, model, progress: bool = True) -> list[dict]:
+    """Answer training prompts until `settings.time_budget` seconds pass; each batch is saved as a shard under
+    `settings.out` as it completes (a time limit keeps what finished). Returns all records."""
     from heads.checkpoint import BaseIdentity
-    from selfspec.loading import load_model, load_tokenizer
+    from selfspec.loading import load_tokenizer
 
     started = time.perf_counter()
-    if settings.threads:
-        torch.set_num_threads(settings.threads)
-    model, tokenizer = load_model(settings.model), load_tokenizer(settings.model)
-    tokenizer.padding_side = "left"
-    norm = model.get_decoder().norm
+    tokenizer = load_tokenizer(settings.model)
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{settings.model} has no tokenizer with a chat template: chat data needs one (use --data TEXT)")
+    from selfspec.target import TargetModel
+
+    norm = TargetModel(model).parts.norm  # the module whose output the LM head reads
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_sets.train_prompts(settings.seed)
     meta = {"settings": asdict(settings), "base": asdict(BaseIdentity.of(model)), "shards": [], "records": 0,
-            "tokens": 0, "reply_tokens": 0}
-    bar = tqdm(total=int(settings.time_budget), desc="self-generating replies", unit="s")
+            "tokens": 0, "reply_tokens": 0, "seconds": 0.0}
+    records = []
+    bar = tqdm(total=int(settings.time_budget), desc="self-generating replies", unit="s", disable=not progress)
     for number, first in enumerate(range(0, len(prompts), settings.batch_size)):
-        elapsed = time.perf_counter() - started
-        if elapsed > settings.time_budget * 0.92:  # a batch takes ~1 min: stop while it still fits
+        if time.perf_counter() - started > settings.time_budget * 0.92:  # a batch takes ~1 min: stop while it fits
             break
         batch = [chat_prompt_ids(tokenizer, p) for p in prompts[first : first + settings.batch_size]]
         greedy = settings.sampled_every <= 0 or number % settings.sampled_every != settings.sampled_every - 1
-        records = answer_batch(model, tokenizer, norm, batch, settings.max_new_tokens, greedy, settings.seed + number)
+        batch_records = answer_batch(model, tokenizer, norm, batch, settings.max_new_tokens, greedy, settings.seed + number)
+        records += batch_records
         name = f"shard_{number:05d}.pt"
-        torch.save(records, out / name)
+        torch.save(batch_records, out / name)
         meta["shards"].append(name)
-        meta["records"] += len(records)
-        meta["tokens"] += sum(len(r["ids"]) for r in records)
-        meta["reply_tokens"] += sum(len(r["ids"]) - r["reply_start"] for r in records)
+        meta["records"] += len(batch_records)
+        meta["tokens"] += sum(len(r["ids"]) for r in batch_records)
+        meta["reply_tokens"] += sum(len(r["ids"]) - r["reply_start"] for r in batch_records)
         meta["seconds"] = round(time.perf_counter() - started, 1)
         (out / META_NAME).write_text(json.dumps(meta, indent=2))
         bar.update(int(time.perf_counter() - started) - bar.n)
         bar.set_postfix(replies=meta["records"], reply_tokens=meta["reply_tokens"],
-                        tok_s=f"{meta['reply_tokens'] / meta['seconds']:.0f}")
+                        tok_s=f"{meta['reply_tokens'] / max(meta['seconds'], 1e-9):.0f}")
     bar.close()
     print(f"chat_data: {meta['records']} replies, {meta['reply_tokens']} reply tokens ({meta['tokens']} with prompts) "
-          f"in {meta['seconds']:.0f}s -> {out}")
-    return meta
+          f"in {meta['seconds']:.0f}s -> {out}", flush=True)
+    return records
+
+
+def run(settings: ChatDataSettings) -> list[dict]:
+    from selfspec.loading import load_model
+
+    started = time.perf_counter()
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    model = load_model(settings.model)
+    remaining = dataclasses.replace(settings, time_budget=settings.time_budget - (time.perf_counter() - started))
+    return generate_records(remaining, model)
+
+
+def read_meta(directory: str | Path) -> dict:
+    return json.loads((Path(directory) / META_NAME).read_text())
 
 
 def load_records(directory: str | Path) -> list[dict]:
     directory = Path(directory)
-    meta = json.loads((directory / META_NAME).read_text())
+    meta = read_meta(directory)
     records = []
     for name in meta["shards"]:
         records += torch.load(directory / name)

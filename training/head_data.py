@@ -146,14 +146,15 @@ def tail_split(tokens: torch.Tensor, heldout_fraction: float, seq_len: int) -> t
     return tokens[:-heldout], tokens[-heldout:]
 
 
-def build_data(settings, model, process_index: int = 0) -> tuple[Windows, Windows]:
-    """(train windows, held-out windows) from the settings' --data / --eval-data / --self-generate."""
+def build_rows(settings, model, sources: tuple[str, ...], process_index: int = 0) -> tuple[list, list]:
+    """(train rows, held-out rows) of --seq-len ids from text `sources` / --eval-data / --self-generate; training
+    rows are capped at --feature-tokens (each row gets base features once)."""
     train_tokens = heldout_tokens = None
-    if settings.data:
-        from transformers import AutoTokenizer
+    if sources:
+        from selfspec.loading import load_tokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(settings.tokenizer or settings.model)
-        documents = read_documents(settings.data, settings.glob)
+        tokenizer = load_tokenizer(settings.tokenizer or settings.model)
+        documents = read_documents(sources, settings.glob)
         if settings.eval_data:
             train_docs, heldout_docs = documents, read_documents(settings.eval_data, settings.glob)
         else:
@@ -166,18 +167,19 @@ def build_data(settings, model, process_index: int = 0) -> tuple[Windows, Window
                 encode(tokenizer, documents), settings.heldout_fraction, settings.seq_len
             )
         _check_vocab(train_tokens, model)
+    max_rows = max(1, settings.feature_tokens // settings.seq_len)
     if settings.self_generate > 0:
         generator = torch.Generator().manual_seed(settings.seed * 1000 + process_index)
-        train_rows = self_generate(settings, model, settings.self_generate, train_tokens, generator)
-        train = Windows(train_rows, settings.seq_len, "--self-generate")
+        train = list(self_generate(settings, model, settings.self_generate, train_tokens, generator))
         if heldout_tokens is None:  # no text at all: hold out sequences the base writes from another seed
             generator = torch.Generator().manual_seed(settings.seed * 1000 + 999_983)
             count = max(1, settings.eval_tokens // settings.seq_len)
             heldout_tokens = self_generate(settings, model, count, None, generator)
     else:
-        train = Windows(train_tokens, settings.seq_len, "the training split of --data")
+        windows = Windows(train_tokens, settings.seq_len, "the training split of --data")
+        train = list(windows.fixed(max_rows * settings.seq_len))  # evenly spaced, non-overlapping
     heldout = Windows(heldout_tokens, settings.seq_len, "the held-out text")
-    return train, heldout
+    return train[:max_rows], list(heldout.fixed(settings.eval_tokens))
 
 
 def self_generate(settings, model, count: int, text_tokens, generator) -> torch.Tensor:

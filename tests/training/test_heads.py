@@ -7,10 +7,12 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from heads import ExitAdapter, MedusaHeads
-from selfspec.target import TargetModel
 from tests.conftest import VOCAB, random_prompt, tiny_model
-from training import head_data, head_recipe
-from training.heads import HeadSettings, parse_args, run
+from training import head_data
+from training.features import Batch
+from training.head_settings import HeadSettings, parse_args
+from training.heads import run
+from training.recipes import EagleRecipe, MedusaRecipe, _chain_summary
 
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
@@ -55,7 +57,7 @@ def texts(tmp_path_factory, model_dir):
 def settings(model_dir, out, **overrides) -> HeadSettings:
     defaults = dict(
         model=str(model_dir), out=str(out), seq_len=32, batch_size=8, max_steps=60, time_budget=0, lr=3e-2,
-        warmup_steps=2, eval_tokens=256, eval_continuations=4, prompt_len=8, save_every=0,
+        warmup_steps=2, eval_tokens=256, prompt_len=8, save_every=0, threads=1,
     )
     return HeadSettings(**{**defaults, **overrides})
 
@@ -63,56 +65,95 @@ def settings(model_dir, out, **overrides) -> HeadSettings:
 def test_flags_map_one_to_one_onto_settings():
     parsed = parse_args([
         "--model", "m", "--out", "o", "--data", "a.txt", "dir", "--no-share-lm-head", "--kind", "exit-adapter",
-        "--exit-layer", "2", "--labels", "next-token", "--resume", "--max-steps", "5", "--time-budget", "0",
+        "--exit-layer", "2", "--resume", "--max-steps", "5", "--time-budget", "0", "--draft-vocab-size", "64",
     ])
     assert parsed.data == ("a.txt", "dir") and parsed.share_lm_head is False and parsed.resume is True
-    assert (parsed.kind, parsed.exit_layer, parsed.labels, parsed.max_steps) == ("exit-adapter", 2, "next-token", 5)
+    assert (parsed.kind, parsed.exit_layer, parsed.max_steps, parsed.draft_vocab_size) == ("exit-adapter", 2, 5, 64)
     assert parse_args(["--model", "m", "--out", "o", "--data", "x"]).share_lm_head is True  # shared by default
+    assert parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle"]).kind == "eagle"
 
 
-def test_medusa_loss_targets_are_the_base_distribution_at_the_shifted_position():
-    """A head that copies the base's logits at t+1+k has zero excess loss and perfect agreement: the offsets."""
+def scripted_batch(num_records: int = 2, length: int = 10, hidden: int = 4) -> Batch:
     torch.manual_seed(0)
-    base_logits = torch.randn(2, 10, 7)
-    teacher = head_recipe.Teacher(hidden=torch.zeros(2, 10, 4), logits=base_logits)
-    head_logits = torch.full((2, 10, 3, 7), -1e4)
+    record = torch.arange(num_records).repeat_interleave(length // num_records)[None]  # [1, L]
+    return Batch(torch.randn(1, length, hidden), torch.zeros(1, length, dtype=torch.long), record,
+                 torch.ones(1, length, dtype=torch.bool))
+
+
+class IdentityTeacher:
+    """A teacher whose 'LM head' is the identity over a hidden size of 4 (so features are logits)."""
+
+    draft_vocab = None
+
+    def logits(self, hidden):
+        return hidden
+
+    def probs(self, hidden):
+        return hidden.float().softmax(-1)
+
+    def greedy(self, hidden):
+        return hidden.argmax(-1)
+
+    def to_full_ids(self, ids):
+        return ids
+
+
+def test_medusa_loss_targets_the_base_distribution_k_plus_one_ahead_within_one_record():
+    """A head that outputs h_{t+1+k} at t has only the entropy as loss and perfect agreement: the offsets. Positions
+    whose target lies in another record are masked."""
+    batch = scripted_batch()
+    features = batch.features
+
+    class Oracle(torch.nn.Module):
+        config = type("C", (), {"share_lm_head": True})()
+
+        def forward(self, hidden, base_logits):  # head k at t returns the feature k+1 ahead
+            states = [torch.cat([features[:, 1 + k :], features[:, : 1 + k]], 1) for k in range(3)]
+            return base_logits(torch.stack(states, dim=-2))
+
+    recipe = MedusaRecipe(num_heads=3, head_loss_decay=1.0)
+    loss, top1 = recipe.loss(Oracle(), batch, IdentityTeacher())
+    expected = 0
     for k in range(3):
-        head_logits[:, : 10 - 1 - k, k] = base_logits[:, 1 + k :]  # head k at t sees the base's logits at t+1+k
-    loss, agreement = head_recipe.medusa_loss(
-        lambda k, n: head_logits[:, :n, k], teacher, torch.zeros(2, 10, dtype=torch.long), [1, 1, 1]
-    )
-    entropy = sum(
-        -(base_logits[:, 1 + k :].softmax(-1) * base_logits[:, 1 + k :].log_softmax(-1)).sum(-1).mean() for k in range(3)
-    )
-    torch.testing.assert_close(loss, entropy)
-    assert agreement == [1.0, 1.0, 1.0]
+        n = 10 - 1 - k
+        mask = batch.same_record(1 + k)[:, :n]
+        target = features[:, 1 + k : 1 + k + n].softmax(-1)
+        entropy = -(target * target.log()).sum(-1)
+        expected += (entropy * mask).sum() / mask.sum()
+    torch.testing.assert_close(loss, expected)
+    assert top1 == [1.0, 1.0, 1.0]
 
 
-def test_mean_accepted_length_counts_the_chain_up_to_the_first_miss():
-    class Scripted(torch.nn.Module):
-        """Heads whose logits are given per (position, head); ignore the hidden state."""
+def test_eagle_chain_counts_each_draft_at_its_own_position_up_to_the_first_miss():
+    """_chain_summary: draft j of a chain started at t is scored at t + j; the chain stops at its first miss."""
+    m0 = torch.tensor([[True, True, False, True]])
+    m1 = torch.tensor([[True, False, True, True]])  # m1[t + 1] scores the second draft of a chain started at t
+    ones = torch.ones_like(m0)
+    summary = _chain_summary([m0, m1], [ones, ones])
+    # chains from t=0: m0[0] & m1[1] = False; t=1: m0[1] & m1[2] = True; t=2: m0[2] False; (t=3 has no second draft)
+    assert summary["chain_acceptance"] == [0.75, 0.25]
+    assert summary["mean_accepted_length"] == 2.0
+    # the planted bug this catches: scoring the second draft at t instead of t + 1 would give 0.5
+    assert float((m0 & m1).float().mean()) == 0.5
 
-        num_heads = 2
 
-        def __init__(self, logits):
-            super().__init__()
-            self.logits = logits
+def test_eagle_training_passes_feed_the_predicted_features_back():
+    """Pass 2 reads pass 1's prediction for position t-1 as its feature at t (and the real h_0 at position 0)."""
+    seen = []
 
-        def forward(self, hidden, base_logits):
-            return self.logits[None, : hidden.shape[1]]
+    class Recorder(torch.nn.Module):
+        def forward(self, features, next_embeddings, positions):
+            seen.append(features.clone())
+            return features + 1.0
 
-    model = tiny_model()
-    target = TargetModel(model)
-    window = random_prompt(6)
-    greedy = model(window).logits.argmax(-1)[0]  # [6]
-    logits = torch.zeros(4, 2, VOCAB, dtype=torch.float64)  # positions 0..3 (T - K = 4), 2 heads
-    right = [(True, True), (True, False), (False, True), (False, False)]
-    for t, (first, second) in enumerate(right):
-        logits[t, 0, greedy[t + 1] if first else (greedy[t + 1] + 1) % VOCAB] = 1
-        logits[t, 1, greedy[t + 2] if second else (greedy[t + 2] + 1) % VOCAB] = 1
-    result = head_recipe.evaluate_medusa(Scripted(logits), target, window)
-    assert result["top1"] == [0.5, 0.5] and result["chain_acceptance"] == [0.5, 0.25]
-    assert result["mean_accepted_length"] == 1 + (2 + 1 + 0 + 0) / 4
+    class Teacher_(IdentityTeacher):
+        embed = torch.nn.Embedding(8, 4)
+
+    batch = scripted_batch()
+    list(EagleRecipe(passes=2)._passes(Recorder(), batch, Teacher_()))
+    torch.testing.assert_close(seen[0], batch.features)
+    torch.testing.assert_close(seen[1][:, 0], batch.features[:, 0])
+    torch.testing.assert_close(seen[1][:, 1:], batch.features[:, :-1] + 1.0)
 
 
 def test_data_forms_split_and_errors(tmp_path):
@@ -146,7 +187,7 @@ def test_empty_data_and_a_window_past_the_context_fail_clearly(tmp_path, model_d
     (tmp_path / "short.txt").write_text("w3 w4 w5")
     with pytest.raises(ValueError, match="too few for a training window"):
         run(settings(model_dir, tmp_path / "c", data=(str(tmp_path / "short.txt"),)), progress_bar=False)
-    with pytest.raises(ValueError, match="--data PATH... or --self-generate"):
+    with pytest.raises(ValueError, match="--data PATH..., --chat .* or --self-generate"):
         settings(model_dir, tmp_path / "d")
 
 
@@ -157,13 +198,13 @@ def test_training_raises_agreement_and_the_heads_load_everywhere(tmp_path, model
         progress_bar=False,
     )
     log = json.loads((out / "train_log.json").read_text())
-    before, after = log["initial_eval"]["heldout_text"], result["heldout_text"]
+    before, after = log["initial_eval"]["heldout"], result["heldout"]
     # The text is the base's greedy output, mostly short cycles: far heads start high by luck (a fresh head k
     # guesses token t+1 for t+2+k, right on a cycle of period k+1), the first head does not.
     assert after["top1"][0] > before["top1"][0] + 0.15, (before, after)
     assert after["mean_accepted_length"] > before["mean_accepted_length"] + 0.3, (before, after)
     assert json.loads((out / "eval.json").read_text()) == result
-    assert set(result) == {"kind", "heldout_text", "greedy_continuations"}
+    assert set(result) == {"kind", "heldout"}
 
     from transformers import AutoModelForCausalLM
 
@@ -193,7 +234,7 @@ def test_training_raises_agreement_and_the_heads_load_everywhere(tmp_path, model
 
 def test_resume_continues_the_same_run_exactly(tmp_path, model_dir, texts):
     common = dict(data=(str(texts / "train.txt"),), eval_data=(str(texts / "heldout.txt"),), max_steps=6, save_every=3,
-                  eval_continuations=0, num_heads=2)
+                  num_heads=2)
     straight = tmp_path / "straight"
     run(settings(model_dir, straight, **common), progress_bar=False)
     interrupted = tmp_path / "interrupted"
@@ -217,8 +258,8 @@ def test_self_generate_and_exit_adapter(tmp_path, model_dir, texts):
         progress_bar=False,
     )
     log = json.loads((out / "train_log.json").read_text())
-    assert log["train_tokens_available"] == 16 * 32
-    before, after = log["initial_eval"]["heldout_text"], result["heldout_text"]
+    assert log["train_positions_available"] == 16 * (32 - 1)  # 16 windows, each predicting 31 next tokens
+    before, after = log["initial_eval"]["heldout"], result["heldout"]
     assert before["top1"][0] == before["plain_early_exit_top1"]  # a fresh adapter is plain early exit
     assert after["top1"][0] > before["top1"][0], (before, after)
     adapter = ExitAdapter.from_pretrained(out)
@@ -226,8 +267,9 @@ def test_self_generate_and_exit_adapter(tmp_path, model_dir, texts):
 
 
 def test_self_generation_without_data_samples_and_holds_out_its_own_sequences(tmp_path, model_dir):
-    result = run(settings(model_dir, tmp_path / "a", self_generate=8, max_steps=2, eval_continuations=0),
-                 progress_bar=False)
-    assert result["heldout_text"]["positions"] == 8 * (32 - 4)  # eval_tokens 256 = 8 sampled windows of 32
+    result = run(settings(model_dir, tmp_path / "a", self_generate=8, max_steps=2), progress_bar=False)
+    log = json.loads((tmp_path / "a" / "train_log.json").read_text())
+    assert log["train_records"] == 8 and log["heldout_records"] == 8  # eval_tokens 256 = 8 sampled sequences of 32
+    assert result["heldout"]["positions"] > 0
     with pytest.raises(ValueError, match="same sequence every time"):
         run(settings(model_dir, tmp_path / "b", self_generate=4, self_generate_temperature=0.0), progress_bar=False)

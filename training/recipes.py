@@ -1,0 +1,255 @@
+"""Per-kind training recipes: how each head kind is built, what it is compared with, and how it is evaluated.
+
+One interface (`Recipe`), three kinds: medusa, eagle, exit-adapter. Every loss is self-distillation: soft cross-entropy
+against the frozen base's own distribution, restricted to the draft vocabulary when there is one. All offsets live
+here. With h_t the base's post-norm hidden state at position t (it predicts token t+1):
+- Medusa head k (0-based) reads h_t and guesses token t+2+k: the base's distribution from h_{t+1+k};
+- the EAGLE head reads (h_t, token t+1) and predicts the feature h_{t+1} (regression) and, through the LM head, the
+  base's distribution from h_{t+1}; passes 2.. feed it its own predicted features instead of h_t (as at inference,
+  where every draft after the first reads a predicted feature), so later draft positions are trained as they run;
+- an exit adapter reads the first L layers' output at t and guesses token t+1 like the full model.
+Knows the head modules and `TargetModel`; nothing about files, optimizers or devices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from training.features import Batch
+
+
+class Teacher:
+    """The frozen base's LM head, over the draft vocabulary when there is one (as the drafters project)."""
+
+    def __init__(self, target, draft_vocab: torch.Tensor | None):
+        self.target = target
+        self.draft_vocab = None if draft_vocab is None else draft_vocab.to(target.device)
+        self.embed = target.model.get_input_embeddings()
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., N] logits over the draft vocabulary (gradients flow to `hidden`, not the LM head)."""
+        return self.target.logits(hidden, vocab_ids=self.draft_vocab)
+
+    @torch.no_grad()
+    def probs(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.logits(hidden).float(), dim=-1)
+
+    @torch.no_grad()
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [...] the base's own greedy token over the FULL vocabulary (what greedy decoding accepts)."""
+        return self.target.logits(hidden).argmax(-1)
+
+    def to_full_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.draft_vocab is None else self.draft_vocab[draft_ids]
+
+
+def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean over positions of -sum_v target_probs_v log_softmax(student)_v, written as
+    logsumexp(student) - <target_probs, student> (no log_softmax over the vocabulary is materialised)."""
+    student = student_logits.float()
+    per_position = torch.logsumexp(student, dim=-1) - torch.linalg.vecdot(target_probs, student)
+    return (per_position * mask).sum() / mask.sum().clamp_min(1)
+
+
+def agreement(student_logits: torch.Tensor, wanted: torch.Tensor, mask: torch.Tensor) -> float:
+    matches = (student_logits.detach().argmax(-1) == wanted) & mask
+    return float(matches.sum() / mask.sum().clamp_min(1))
+
+
+class Recipe(Protocol):
+    kind: str
+
+    def new_head(self, model, settings, draft_vocab: torch.Tensor | None) -> torch.nn.Module: ...
+
+    def load_head(self, directory, model) -> torch.nn.Module: ...
+
+    def loss(self, head, batch: Batch, teacher: Teacher) -> tuple[torch.Tensor, list[float]]:
+        """(loss, top-1 agreement per draft position over the draft vocabulary) for one batch."""
+        ...
+
+    def evaluate(self, head, batches: list[Batch], teacher: Teacher) -> dict: ...
+
+
+def _chain_summary(matches: list[torch.Tensor], masks: list[torch.Tensor]) -> dict:
+    """matches[j] / masks[j]: [B, n] whether draft j+1 was right at position t + j of a chain started at t (EAGLE's
+    pass j reads position t + j). Returns per draft position top-1 and the mean accepted length of a greedy chain:
+    1 + sum_j P(drafts 1..j+1 all right)."""
+    started = masks[0].sum().clamp_min(1)
+    top1 = [float((m & k).sum() / k.sum().clamp_min(1)) for m, k in zip(matches, masks)]
+    reach = matches[0] & masks[0]  # [B, n] indexed by the chain's start t
+    chain = [float(reach.sum() / started)]
+    for j in range(1, len(matches)):
+        reach = reach[:, :-1] & (matches[j] & masks[j])[:, j:]
+        chain.append(float(reach.sum() / started))
+    return {"top1": [round(v, 4) for v in top1], "chain_acceptance": [round(v, 4) for v in chain],
+            "mean_accepted_length": round(1 + sum(chain), 4), "positions": int(masks[0].sum())}
+
+
+@dataclass(frozen=True)
+class MedusaRecipe:
+    num_heads: int = 4
+    num_layers: int = 1
+    share_lm_head: bool = True
+    head_loss_decay: float = 0.8  # head k's loss weighs 0.8^k, as in Medusa: far heads matter less
+    kind: str = "medusa"
+
+    def new_head(self, model, settings, draft_vocab):
+        from heads import MedusaHeads
+
+        return MedusaHeads.for_model(model, self.num_heads, self.num_layers, self.share_lm_head, draft_vocab=draft_vocab)
+
+    def load_head(self, directory, model):
+        from heads import MedusaHeads
+
+        return MedusaHeads.from_pretrained(directory, model=model)
+
+    def _head_logits(self, head, batch: Batch, teacher: Teacher):
+        states = head(batch.features, lambda x: x)  # [B, L, K, H] (a shared LM head: project only where needed)
+        if getattr(head, "module", head).config.share_lm_head:
+            return lambda k, n: teacher.logits(states[:, :n, k])
+        return lambda k, n: head(batch.features[:, :n], teacher.logits)[:, :, k]
+
+    def _targets(self, batch: Batch, k: int):
+        n = batch.features.shape[1] - 1 - k  # positions t whose target h_{t+1+k} is inside the window
+        mask = batch.same_record(1 + k)[:, :n] & batch.trained[:, 1 + k : 1 + k + n]
+        return n, batch.features[:, 1 + k : 1 + k + n], mask
+
+    def loss(self, head, batch, teacher):
+        logits_of = self._head_logits(head, batch, teacher)
+        loss, top1 = batch.features.new_zeros((), dtype=torch.float32), []
+        for k in range(self.num_heads):
+            n, target_hidden, mask = self._targets(batch, k)
+            target_probs = teacher.probs(target_hidden)
+            student = logits_of(k, n)
+            loss = loss + self.head_loss_decay**k * soft_cross_entropy(student, target_probs, mask)
+            top1.append(agreement(student, target_probs.argmax(-1), mask))
+        return loss, top1
+
+    @torch.no_grad()
+    def evaluate(self, head, batches, teacher):
+        matches, masks = [[] for _ in range(self.num_heads)], [[] for _ in range(self.num_heads)]
+        n_min = batches[0].features.shape[1] - self.num_heads
+        for batch in batches:
+            logits_of = self._head_logits(head, batch, teacher)
+            for k in range(self.num_heads):
+                n, target_hidden, mask = self._targets(batch, k)
+                guess = teacher.to_full_ids(logits_of(k, n).argmax(-1))
+                matches[k].append((guess == teacher.greedy(target_hidden))[:, :n_min])
+                masks[k].append(mask[:, :n_min])
+        # head k at position t drafts position k of a chain started at t: align by t, not by the next position
+        m = [torch.cat(x) for x in matches]
+        k_ = [torch.cat(x) for x in masks]
+        summary = {"top1": [], "chain_acceptance": []}
+        reach = torch.ones_like(m[0])
+        for k in range(self.num_heads):
+            summary["top1"].append(round(float((m[k] & k_[k]).sum() / k_[k].sum().clamp_min(1)), 4))
+            reach = reach & m[k] & k_[k]
+            summary["chain_acceptance"].append(round(float(reach.sum() / k_[0].sum().clamp_min(1)), 4))
+        summary["mean_accepted_length"] = round(1 + sum(summary["chain_acceptance"]), 4)
+        summary["positions"] = int(k_[0].sum())
+        return summary
+
+
+@dataclass(frozen=True)
+class EagleRecipe:
+    num_layers: int = 1
+    passes: int = 3  # pass j >= 2 reads the features pass j-1 predicted (training-time test, as EAGLE-3 / HASS)
+    pass_decay: float = 0.8
+    feature_weight: float = 0.5  # smooth-L1 on features / their RMS, beside the distribution loss (weight 1)
+    kind: str = "eagle"
+
+    def new_head(self, model, settings, draft_vocab):
+        from heads.eagle import EagleHead
+
+        return EagleHead.for_model(model, self.num_layers, draft_vocab=draft_vocab)
+
+    def load_head(self, directory, model):
+        from heads.eagle import EagleHead
+
+        return EagleHead.from_pretrained(directory, model=model)
+
+    def _passes(self, head, batch: Batch, teacher: Teacher):
+        """Yields (pass index, predicted features [B, L-1, H] for positions 1..L-1, mask [B, L-1])."""
+        B, L, _ = batch.features.shape
+        with torch.no_grad():
+            next_embeddings = teacher.embed(batch.next_ids).to(batch.features.dtype)
+        positions = torch.arange(L, device=batch.features.device)[None].expand(B, L)
+        mask = batch.same_record(1) & batch.trained[:, 1:]
+        features = batch.features
+        for j in range(self.passes):
+            predicted = head(features, next_embeddings, positions)  # [B, L, H]: row t predicts h_{t+1}
+            yield j, predicted[:, :-1], mask
+            features = torch.cat([batch.features[:, :1], predicted[:, :-1]], dim=1)
+
+    def loss(self, head, batch, teacher):
+        target_hidden = batch.features[:, 1:]
+        target_probs = teacher.probs(target_hidden)
+        scale = target_hidden.float().pow(2).mean().sqrt().clamp_min(1e-6)
+        loss, top1 = batch.features.new_zeros((), dtype=torch.float32), []
+        for j, predicted, mask in self._passes(head, batch, teacher):
+            student = teacher.logits(predicted)
+            regression = F.smooth_l1_loss(predicted.float() / scale, target_hidden.float() / scale, reduction="none").mean(-1)
+            regression = (regression * mask).sum() / mask.sum().clamp_min(1)
+            loss = loss + self.pass_decay**j * (soft_cross_entropy(student, target_probs, mask) + self.feature_weight * regression)
+            top1.append(agreement(student, target_probs.argmax(-1), mask))
+        return loss, top1
+
+    @torch.no_grad()
+    def evaluate(self, head, batches, teacher):
+        matches, masks = [[] for _ in range(self.passes)], [[] for _ in range(self.passes)]
+        for batch in batches:
+            wanted = teacher.greedy(batch.features[:, 1:])
+            for j, predicted, mask in self._passes(head, batch, teacher):
+                matches[j].append(teacher.to_full_ids(teacher.logits(predicted).argmax(-1)) == wanted)
+                masks[j].append(mask)
+        # draft j+1 of a chain started at t reads pass j's output at position t + j: shift by one per pass
+        return _chain_summary([torch.cat(m) for m in matches], [torch.cat(k) for k in masks])
+
+
+@dataclass(frozen=True)
+class ExitAdapterRecipe:
+    exit_layer: int
+    num_layers: int = 1
+    kind: str = "exit-adapter"
+
+    def new_head(self, model, settings, draft_vocab):
+        from heads import ExitAdapter
+
+        return ExitAdapter.for_model(model, self.exit_layer, self.num_layers)
+
+    def load_head(self, directory, model):
+        from heads import ExitAdapter
+
+        return ExitAdapter.from_pretrained(directory, model=model)
+
+    def loss(self, head, batch, teacher):
+        student = teacher.logits(teacher.target.final_norm(head(batch.exit_features)))
+        target_probs = teacher.probs(batch.features)
+        return soft_cross_entropy(student, target_probs, batch.trained), [agreement(student, target_probs.argmax(-1), batch.trained)]
+
+    @torch.no_grad()
+    def evaluate(self, head, batches, teacher):
+        counts = torch.zeros(2, dtype=torch.float64)  # adapter, plain early exit
+        positions = 0
+        for batch in batches:
+            wanted = teacher.greedy(batch.features)
+            for i, state in enumerate((head(batch.exit_features), batch.exit_features)):
+                guess = teacher.to_full_ids(teacher.logits(teacher.target.final_norm(state)).argmax(-1))
+                counts[i] += float(((guess == wanted) & batch.trained).sum())
+            positions += int(batch.trained.sum())
+        return {"top1": [round(float(counts[0]) / max(positions, 1), 4)],
+                "plain_early_exit_top1": round(float(counts[1]) / max(positions, 1), 4), "positions": positions}
+
+
+def recipe_for(settings, num_model_layers: int) -> Recipe:
+    if settings.kind == "medusa":
+        return MedusaRecipe(settings.num_heads, settings.num_layers, settings.share_lm_head, settings.head_loss_decay)
+    if settings.kind == "eagle":
+        return EagleRecipe(settings.num_layers, settings.eagle_passes)
+    exit_layer = settings.exit_layer or num_model_layers // 2
+    if not 1 <= exit_layer < num_model_layers:
+        raise ValueError(f"--exit-layer must be in [1, {num_model_layers - 1}] for this model, got {exit_layer}")
+    return ExitAdapterRecipe(exit_layer, settings.num_layers)
