@@ -9,20 +9,9 @@ from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import scrambled_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2"]
-
-
-def scrambled_model(family, seed=0, **kwargs):
-    """A tiny model whose layers matter: random init ties embeddings and keeps layers near the identity, so several
-    families would just repeat the last token (and every early-exit draft would trivially be right)."""
-    model = tiny_model(family, seed=seed, **kwargs)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.get_decoder().parameters():
-            if p.dim() == 2 and p is not model.get_input_embeddings().weight:
-                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.2)
-    return model
 
 
 def randomized_adapter(model, exit_layer, seed=0):
