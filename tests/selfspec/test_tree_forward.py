@@ -164,3 +164,52 @@ def test_300_tree_steps_keep_memory_bounded_by_the_committed_length():
     # Storage is what the committed tokens plus one tree's rows need: nothing of the ~2000 rejected rows.
     assert all(nbytes <= (length + len(PARENTS) + 1) * per_token for nbytes, length in sizes)
     assert sizes[-1][1] == committed_tokens and committed_tokens > 400
+
+
+def tree_around(truth, g):
+    """A tree that holds a prefix of the greedy continuation `truth` on one branch, among wrong siblings."""
+    tokens, parents = [], []
+
+    def add(token, parent):
+        tokens.append(int(token))
+        parents.append(parent)
+        return len(tokens) - 1
+
+    parent, depth_right = -1, int(torch.randint(0, len(truth) + 1, (1,), generator=g))
+    for depth, right in enumerate(truth):
+        wrong = [t for t in torch.randperm(VOCAB - 3, generator=g)[:3].add(3).tolist() if t != int(right)][:2]
+        siblings = wrong + ([int(right)] if depth < depth_right else [])
+        order = torch.randperm(len(siblings), generator=g).tolist()
+        nodes = {siblings[i]: add(siblings[i], parent) for i in order}
+        if depth >= depth_right:
+            break
+        parent = nodes[int(right)]
+    return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@torch.no_grad()
+def test_greedy_decoding_with_tree_drafts_equals_generate(family):
+    """The pieces in the order the decode loop will call them: tree forward, verify, keep_path, feed back."""
+    from selfspec.tree_verifier import verify_tree_greedy
+
+    target = wrapped(family)
+    prompt = random_prompt(8, seed=6)
+    num_new = 40
+    expected = target.model.generate(prompt, max_new_tokens=num_new, do_sample=False, eos_token_id=None,
+                                     attention_mask=torch.ones_like(prompt))[0].tolist()
+    g = torch.Generator().manual_seed(0)
+    cache = target.new_cache()
+    target.forward(prompt[0, :-1], cache)
+    out, pending, accepted_total = prompt[0].tolist(), int(prompt[0, -1]), 0
+    while len(out) < len(expected):
+        tree = tree_around(torch.tensor(expected[len(out) : len(out) + 3]), g)
+        committed = cache.length
+        hidden = tree_forward(target, pending, tree, cache)  # [num_nodes + 1, hidden]
+        verdict = verify_tree_greedy(tree, target.logits(hidden))
+        keep_path(cache, committed, path_offsets(verdict.accepted_nodes))
+        out += tree.tokens[list(verdict.accepted_nodes)].tolist() + [verdict.next_token]
+        pending, accepted_total = verdict.next_token, accepted_total + verdict.num_accepted
+        assert cache.length == len(out) - 1
+    assert out[: len(expected)] == expected
+    assert accepted_total > 10  # drafts were accepted, often off the first sibling
