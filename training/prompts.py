@@ -1,12 +1,14 @@
 """Chat prompts for self-distillation and for held-out evaluation, written for this project (no download).
 
-Training prompts are every combination of a request template and a topic; evaluation prompts are hand-written
-questions whose topics appear in no training prompt (`tests/training/test_prompts.py` checks the two sets share
-no prompt and no topic word list entry). Knows nothing about models.
+Training prompts are every combination of a request template and a topic; evaluation prompts are the benchmark's
+hand-written questions, whose topics appear in no training prompt (`tests/training/test_prompts.py` checks that no
+training topic occurs in an evaluation prompt). Knows nothing about models.
 """
 from __future__ import annotations
 
 import random
+
+from selfspec.bench.prompts import CHAT_PROMPTS
 
 TRAIN_TEMPLATES = (
     "Explain {t} in simple terms.",
@@ -59,25 +61,8 @@ TRAIN_TOPICS = (
     "elephants", "minimalism", "wind turbines", "ancient Egypt",
 )
 
-# Held out: none of these topics (nor these phrasings) is in a training prompt.
-EVAL_PROMPTS = (
-    "What are the benefits of learning to play the piano as an adult?",
-    "How do submarines dive and surface?",
-    "Write a short motivational message for someone starting a new job.",
-    "Explain how a refrigerator keeps food cold.",
-    "What is the difference between a virus and a bacterium?",
-    "Give me a simple recipe for pancakes.",
-    "Why do leaves change color in autumn?",
-    "How can I improve my handwriting?",
-    "Describe the life cycle of a butterfly.",
-    "What makes a good team leader?",
-    "How do airplanes stay in the air?",
-    "Write a limerick about a cat who loves cheese.",
-    "What are some ways to save money on groceries?",
-    "Explain what a compiler does.",
-    "How do glaciers shape the landscape?",
-    "What should I pack for a weekend camping trip?",
-)
+# Held out: the benchmark's chat prompts (selfspec/bench/prompts.py); none of their topics is a training topic.
+EVAL_PROMPTS = CHAT_PROMPTS
 
 
 def train_prompts(seed: int = 0) -> list[str]:

@@ -1,0 +1,176 @@
+"""EAGLE-style draft head: one decoder layer of the base's own architecture that runs autoregressively on the base's
+features. Input at position t: the base's final (post-norm) hidden state h_t and the embedding of token t+1; output:
+a predicted feature for position t+1, which the base's LM head (optionally restricted to a draft vocabulary) turns
+into a guess for token t+2, and which is fed back as the next input's feature.
+
+    fused = W [rmsnorm(h_t); rmsnorm(embed(x_{t+1}))]        (2H -> H)
+    f_{t+1} = norm(decoder_layer(fused))                     (the base's layer class, built from its config)
+
+The layer is the base family's own class (found through `transformers`, never copied); the embedding and LM head are
+the base's, passed in at call time, so the head adds about 3 % of SmolLM2's parameters. Knows the module and its
+checkpoint; the drafter (`selfspec/drafters/eagle.py`) runs it with its own small KV cache.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import sys
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+
+from heads.checkpoint import BaseIdentity, attach, load_weights, read_config, save_checkpoint
+
+FORMAT_NAME = "selfspec-eagle"
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    base: BaseIdentity
+    base_config: dict  # the base's text config (`to_dict()`): rebuilds its decoder layer class without the base
+    num_layers: int = 1
+    draft_vocab_size: int = 0  # 0: the full vocabulary; N > 0: a `draft_vocab` buffer of N ids is stored
+
+
+def layer_config(base_config, num_layers: int):
+    """A copy of the base's text config describing `num_layers` decoder layers, sdpa attention."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(base_config, dict):
+        raw = dict(base_config)
+        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
+    else:
+        config = copy.deepcopy(base_config.get_text_config(decoder=True) if isinstance(base_config, PretrainedConfig) else base_config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = list(config.layer_types)[:num_layers]
+    config._attn_implementation = "sdpa"
+    config.use_cache = True
+    return config
+
+
+def layer_classes(config, model=None) -> tuple[type, type | None]:
+    """(decoder layer class, rotary embedding class or None) of the base's family: taken from the model when given,
+    else from `transformers`' registry (the base model class's `_no_split_modules` names its layer)."""
+    if model is not None:
+        decoder = model.get_decoder()
+        layers = getattr(decoder, "layers", None)
+        if isinstance(layers, nn.ModuleList) and len(layers):
+            rotary = getattr(decoder, "rotary_emb", None)
+            return type(layers[0]), type(rotary) if rotary is not None else None
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        base_class = MODEL_MAPPING[type(config)]
+    except KeyError as err:
+        raise NotImplementedError(f"no transformers model class for {type(config).__name__}") from err
+    module = sys.modules[base_class.__module__]
+    names = [n for n in getattr(base_class, "_no_split_modules", None) or [] if n.endswith("DecoderLayer")]
+    if not names or not hasattr(module, names[0]):
+        raise NotImplementedError(
+            f"cannot find the decoder layer class of {base_class.__name__}: EAGLE heads support Llama-style decoders "
+            "(Llama, Mistral, Qwen2, Qwen3, Gemma, Phi-3); use drafter='medusa' or 'ngram' for others"
+        )
+    prefix = names[0][: -len("DecoderLayer")]
+    rotary = getattr(module, f"{prefix}RotaryEmbedding", None)
+    return getattr(module, names[0]), rotary
+
+
+class EagleHead(nn.Module):
+    def __init__(self, config: EagleConfig, model=None):
+        super().__init__()
+        self.config = config
+        hidden = config.base.hidden_size
+        self.layer_config = layer_config(config.base_config, config.num_layers)
+        layer_class, rotary_class = layer_classes(self.layer_config, model)
+        eps = getattr(self.layer_config, "rms_norm_eps", None) or getattr(self.layer_config, "layer_norm_epsilon", 1e-6)
+        self.feature_norm = nn.RMSNorm(hidden, eps=eps)
+        self.embedding_norm = nn.RMSNorm(hidden, eps=eps)
+        self.fuse = nn.Linear(2 * hidden, hidden, bias=False)
+        self.layers = nn.ModuleList(layer_class(self.layer_config, layer_idx=i) for i in range(config.num_layers))
+        self.norm = nn.RMSNorm(hidden, eps=eps)
+        self.rotary_emb = rotary_class(self.layer_config) if rotary_class is not None else None
+        if config.draft_vocab_size:
+            self.register_buffer("draft_vocab", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        else:
+            self.draft_vocab = None
+
+    @classmethod
+    def for_model(cls, model, num_layers: int = 1, draft_vocab: torch.Tensor | None = None) -> "EagleHead":
+        """A fresh head for `model` on its device and dtype; the fusion starts as "take the feature" (W = [I, 0]), so
+        an untrained head already guesses what a Medusa head at the identity would."""
+        text_config = model.config.get_text_config(decoder=True)
+        raw = text_config.to_dict()
+        raw["model_type"] = text_config.model_type
+        config = EagleConfig(BaseIdentity.of(model), raw, num_layers, 0 if draft_vocab is None else len(draft_vocab))
+        head = cls(config, model)
+        with torch.no_grad():
+            hidden = config.base.hidden_size
+            head.fuse.weight.zero_()
+            head.fuse.weight[:, :hidden].copy_(torch.eye(hidden))
+            for layer in head.layers:  # zero the residual branches' outputs: the fresh layer is the identity
+                for linear in _output_projections(layer):
+                    linear.weight.zero_()
+            base_norm = getattr(model.get_decoder(), "norm", None)
+            if base_norm is not None and getattr(base_norm, "weight", None) is not None:
+                head.norm.weight.copy_(base_norm.weight)  # predicted features start on the base's feature scale
+            if draft_vocab is not None:
+                head.draft_vocab.copy_(draft_vocab)
+        return attach(head, model, config.base, "the EAGLE head").train()
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def new_cache(self):
+        """The head's own KV cache (one entry per position it has read), rolled back by length like the main one."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.layer_config)
+
+    def forward(
+        self, features: torch.Tensor, next_embeddings: torch.Tensor, position_ids: torch.Tensor, cache=None
+    ) -> torch.Tensor:
+        """features [B, T, H] (h_t), next_embeddings [B, T, H] (embed(x_{t+1})), position_ids [B, T] (t) ->
+        [B, T, H] predicted post-norm features for positions t+1. With `cache`, the T positions follow its contents."""
+        from transformers.masking_utils import create_causal_mask
+
+        fused = self.fuse(torch.cat([self.feature_norm(features), self.embedding_norm(next_embeddings)], dim=-1))
+        extra = {}
+        if self.rotary_emb is not None:
+            extra["position_embeddings"] = self.rotary_emb(fused, position_ids)
+        mask = create_causal_mask(
+            config=self.layer_config, inputs_embeds=fused, attention_mask=None, cache=cache, position_ids=position_ids,
+        )
+        hidden = fused
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
+                           use_cache=cache is not None, **extra)
+        return self.norm(hidden)
+
+    def check_base(self, model, what: str = "this EAGLE head", check_identity: bool = True) -> None:
+        self.config.base.check_matches(BaseIdentity.of(model), what, check_identity)
+
+    def save_pretrained(self, directory: str | os.PathLike) -> None:
+        save_checkpoint(self, directory, {**asdict(self.config), "format": FORMAT_NAME, "kind": "eagle"})
+
+    @classmethod
+    def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "EagleHead":
+        raw = read_config(directory, "an EAGLE head directory")
+        if raw.get("format") != FORMAT_NAME:
+            from heads.eagle_formats import load_published_eagle  # EAGLE-1/2 checkpoints
+
+            return load_published_eagle(directory, raw, model, check_base)
+        config = EagleConfig(BaseIdentity.from_dict(raw["base"]), raw["base_config"], raw["num_layers"],
+                             raw.get("draft_vocab_size", 0))
+        head = load_weights(cls(config, model), directory)
+        if model is not None:
+            head = attach(head, model, config.base, f"the EAGLE head in {directory!r}", check_identity=check_base)
+        return head.eval()
+
+
+def _output_projections(layer: nn.Module) -> list[nn.Linear]:
+    """The linear layers that write into a decoder layer's residual stream (attention out, MLP down)."""
+    names = ("o_proj", "down_proj", "dense", "c_proj", "out_proj", "fc2")
+    return [m for n, m in layer.named_modules() if n.rsplit(".", 1)[-1] in names and isinstance(m, nn.Linear)]
