@@ -37,9 +37,13 @@ class DraftTree:
     def __post_init__(self):
         n = self.tokens.shape[0] if self.tokens.ndim == 1 else -1
         if self.tokens.ndim != 1 or self.tokens.dtype != torch.long:
-            raise ValueError(f"tokens must be a 1-D long tensor [num_nodes], got {self.tokens.dtype} {tuple(self.tokens.shape)}")
+            raise ValueError(
+                f"tokens must be a 1-D long tensor [num_nodes], got {self.tokens.dtype} {tuple(self.tokens.shape)}"
+            )
         if self.parents.shape != (n,) or self.parents.dtype != torch.long:
-            raise ValueError(f"parents must be a long tensor of shape [{n}] like tokens, got {tuple(self.parents.shape)}")
+            raise ValueError(
+                f"parents must be a long tensor of shape [{n}] like tokens, got {tuple(self.parents.shape)}"
+            )
         for node, parent in enumerate(self._parent_list):
             if not -1 <= parent < node:
                 raise ValueError(
@@ -52,9 +56,13 @@ class DraftTree:
         kinds = tuple(self.child_kinds)
         object.__setattr__(self, "child_kinds", kinds)
         if len(kinds) != n + 1 or any(kind not in CHILD_KINDS for kind in kinds):
-            raise ValueError(f"child_kinds must hold {n + 1} entries (root first), each one of {CHILD_KINDS}, got {kinds}")
+            raise ValueError(
+                f"child_kinds must hold {n + 1} entries (root first), each one of {CHILD_KINDS}, got {kinds}"
+            )
         if self.draft_probs is not None and (self.draft_probs.ndim != 2 or self.draft_probs.shape[0] != n):
-            raise ValueError(f"draft_probs must be [{n}, vocab] (one row per node) or None, got {tuple(self.draft_probs.shape)}")
+            raise ValueError(
+                f"draft_probs must be [{n}, vocab] (one row per node) or None, got {tuple(self.draft_probs.shape)}"
+            )
         for row, children in enumerate(self.children):
             if len(children) == 0:
                 continue
@@ -64,12 +72,14 @@ class DraftTree:
                     raise ValueError(f"the DISTINCT children of row {row} repeat a token: {sibling_tokens}")
             else:
                 if self.draft_probs is None:
-                    raise ValueError(f"row {row} has SAMPLED children, which need draft_probs (the law they were drawn from)")
+                    raise ValueError(
+                        f"row {row} has SAMPLED children, which need draft_probs (the law they were drawn from)"
+                    )
                 first = self.draft_probs[children[0]]
                 if any(not torch.equal(self.draft_probs[c], first) for c in children[1:]):
                     raise ValueError(
-                        f"the SAMPLED children of row {row} must be i.i.d. draws of one distribution: their draft_probs "
-                        "rows differ"
+                        f"the SAMPLED children of row {row} must be i.i.d. draws of one distribution: "
+                        "their draft_probs rows differ"
                     )
 
     @classmethod

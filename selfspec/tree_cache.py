@@ -28,10 +28,14 @@ def keep_path(cache: KVCache, committed_length: int, path_offsets: Sequence[int]
     kept_length = committed_length + len(offsets)
     for layer_idx, layer in enumerate(cache.hf_cache.layers):
         if type(layer) is not DynamicLayer:
-            raise NotImplementedError(f"keep_path moves entries of full-attention layers only, not {type(layer).__name__}")
+            raise NotImplementedError(
+                f"keep_path moves entries of full-attention layers only, not {type(layer).__name__}"
+            )
         appended = layer.get_seq_length() - committed_length
         if offsets and offsets[-1] >= appended:
-            raise ValueError(f"layer {layer_idx} holds {appended} tree rows after {committed_length}; path {offsets} runs past them")
+            raise ValueError(
+                f"layer {layer_idx} holds {appended} tree rows after {committed_length}; path {offsets} runs past them"
+            )
         if offsets == list(range(len(offsets))):
             continue  # already in place (a chain, or a path of first children): rollback alone suffices
         source = torch.tensor(offsets, device=layer.keys.device) + committed_length

@@ -68,7 +68,7 @@ def check_tree_support(target: TargetModel) -> None:
         )
     vocab = target.vocab_size
     prompt = (torch.arange(_PROBE_PROMPT, device=target.device) * 7 + 3) % vocab
-    tokens = (torch.arange(len(_PROBE_PARENTS), device=target.device) * 5 + 11) % vocab
+    tokens = (torch.arange(len(_PROBE_PARENTS), device=target.device) + 3) % vocab  # siblings differ
     tree = DraftTree(tokens, torch.tensor(_PROBE_PARENTS, device=target.device))
     try:
         target.forward(prompt[:-1], cache)

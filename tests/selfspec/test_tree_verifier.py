@@ -85,7 +85,10 @@ def test_sampled_on_chains_equals_the_chain_verifier_with_the_same_generator(wit
         n = int(torch.randint(0, 4, (1,), generator=g))
         target = torch.softmax(torch.randn(n + 1, 4, generator=g, dtype=torch.float64) * 2, -1)
         draft = torch.softmax(torch.randn(n, 4, generator=g, dtype=torch.float64) * 2, -1) if with_draft_probs else None
-        tokens = torch.multinomial(draft, 1, generator=g)[:, 0] if draft is not None else torch.randint(0, 4, (n,), generator=g)
+        if draft is not None:
+            tokens = torch.multinomial(draft, 1, generator=g)[:, 0]
+        else:
+            tokens = torch.randint(0, 4, (n,), generator=g)
         chain = verify_sampled(tokens, draft, target, torch.Generator().manual_seed(trial))
         verdict = verify_tree_sampled(DraftTree.chain(tokens, draft), target, torch.Generator().manual_seed(trial))
         assert (verdict.num_accepted, verdict.next_token) == (chain.num_accepted, chain.next_token)
@@ -122,7 +125,8 @@ def test_residual_guard_when_rounding_leaves_no_mass():
         assert v.next_token in (0, 1)
     # The rule itself: the residual of identical laws falls back to target_now instead of 0/0.
     assert torch.equal(try_sampled_child(target[0], target[0], 1, torch.tensor(1.0, dtype=torch.float64)), target[0])
-    assert torch.equal(try_distinct_child(rows([0.0, 1.0])[0], None, 1, torch.tensor(1.0, dtype=torch.float64)), rows([0.0, 1.0])[0])
+    certain = rows([0.0, 1.0])[0]
+    assert torch.equal(try_distinct_child(certain, None, 1, torch.tensor(1.0, dtype=torch.float64)), certain)
 
 
 # ---------------------------------------------------------------- the law, by enumeration
@@ -131,7 +135,8 @@ VOCAB = 4
 
 
 def random_law(prefix, seed, temperature=1.0):
-    g = torch.Generator().manual_seed(seed * 100003 + sum((t + 1) * 7 ** i for i, t in enumerate(prefix)) + 13 * len(prefix))
+    key = sum((t + 1) * 7**i for i, t in enumerate(prefix)) + 13 * len(prefix)  # a seed per prefix
+    g = torch.Generator().manual_seed(seed * 100003 + key)
     probs = torch.softmax(torch.randn(VOCAB, generator=g, dtype=torch.float64) / temperature, -1)
     if sum(prefix) % 3 == 1:  # a few rows with a hole in the support
         probs[(len(prefix) + sum(prefix)) % VOCAB] = 0.0
@@ -294,7 +299,8 @@ def first_token_samples(rules, num_samples, seed):
     samples = []
     for _ in range(num_samples):
         tokens = torch.multinomial(draft, 3, replacement=True, generator=g)
-        t = DraftTree(tokens, torch.tensor([-1, -1, -1]), draft.expand(3, VOCAB), (SAMPLED, DISTINCT, DISTINCT, DISTINCT))
+        kinds = (SAMPLED, DISTINCT, DISTINCT, DISTINCT)
+        t = DraftTree(tokens, torch.tensor([-1, -1, -1]), draft.expand(3, VOCAB), kinds)
         verdict = walk_tree(t, target_probs, g, *rules)
         samples.append((int(tokens[verdict.accepted_nodes[0]]) if verdict.accepted_nodes else verdict.next_token,))
     return samples
