@@ -1,77 +1,26 @@
-"""How many tokens to draft each step. A policy sees only how many drafts the verifier accepted (and how long the
-step took), never the tokens; so it cannot change what is generated, only how fast.
+"""How many tokens to draft each step. A policy sees only how many drafts the verifier accepted and how many
+seconds the step took (the decode loop times it and says so), never the tokens; so it cannot change what is
+generated, only how fast.
 
-`FixedDraftLength` always asks for the same number. `AdaptiveDraftLength` ("auto") asks for the k that maximises
-expected tokens per second: expected tokens per step (from decayed acceptance estimates per draft position) over
-the step's cost (this device's measured cost of verifying k drafts, `VerifyCost`, plus a learned drafting cost).
+`FixedDraftLength` always asks for the same number. `AdaptiveDraftLength` ("auto", the default) asks for the k that
+maximises expected tokens per second: expected tokens per step (from decayed acceptance estimates per draft
+position) over the step's cost (the device's cost of verifying k drafts, a curve from `verify_cost.py`, plus a
+drafting cost learned from the step times it is given). Knows no model, cache or clock.
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import Protocol
 
-import torch
-
-
-@dataclass(frozen=True)
-class VerifyCost:
-    """relative[k]: seconds of one target forward over k + 1 new tokens (verifying k drafts) divided by the seconds
-    of a one-token decode (relative[0] == 1). About 1 + 0.15 k on a 2-core CPU, about 1 on a large GPU."""
-
-    relative: tuple[float, ...]
-    decode_seconds: float = 0.0  # the one-token decode the ratios are relative to (0 when not measured)
-
-    def __call__(self, num_draft_tokens: int) -> float:
-        last = len(self.relative) - 1
-        if num_draft_tokens <= last:
-            return self.relative[num_draft_tokens]
-        slope = self.relative[last] - self.relative[last - 1] if last else 0.0
-        return self.relative[last] + slope * (num_draft_tokens - last)  # linear beyond what was measured
+from selfspec.verify_cost import VerifyCost, measure_verify_cost  # noqa: F401  (re-exported for older imports)
 
 
-@torch.inference_mode()
-def measure_verify_cost(target, max_draft_tokens: int = 8, context_length: int = 128, repeats: int = 7) -> VerifyCost:
-    """Time target forwards of 1 .. max_draft_tokens + 1 tokens after a `context_length`-token cache.
+class CostCurve(Protocol):
+    """k -> cost of verifying k drafts in one-token decodes; `decode_seconds` (0 while unknown) converts seconds."""
 
-    Sizes are interleaved within each round; each size keeps its fastest of `repeats` rounds (other processes only
-    ever add time, so the minimum is the least disturbed), and the ratios are made non-decreasing by pooling
-    neighbours that violate it (verifying more never costs less; pooling, unlike a running max, lets no single
-    slow outlier raise every larger size).
-    """
-    if target.max_positions is not None:
-        context_length = max(1, min(context_length, target.max_positions - max_draft_tokens - 1))
-    cache = target.new_cache()
-    ids = torch.arange(context_length + max_draft_tokens + 1, device=target.device) % target.vocab_size
-    target.forward(ids[:context_length], cache)
-    fastest = [float("inf")] * (max_draft_tokens + 1)
-    for round_ in range(repeats + 1):  # round 0 warms up
-        for k in range(max_draft_tokens + 1):
-            _sync(target.device)
-            started = time.perf_counter()
-            target.logits(target.forward(ids[context_length : context_length + k + 1], cache))
-            _sync(target.device)
-            if round_:
-                fastest[k] = min(fastest[k], time.perf_counter() - started)
-            cache.rollback(context_length)
-    relative = _non_decreasing([max(1.0, f / fastest[0]) for f in fastest])
-    return VerifyCost(tuple([1.0] + relative[1:]), fastest[0])
+    decode_seconds: float
 
-
-def _non_decreasing(values: list[float]) -> list[float]:
-    """Least-squares non-decreasing fit (pool adjacent violators)."""
-    blocks = []  # [mean, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return [m for m, n in blocks for _ in range(n)]
-
-
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def __call__(self, num_draft_tokens: int) -> float: ...
 
 
 class FixedDraftLength:
@@ -83,7 +32,7 @@ class FixedDraftLength:
     def choose(self) -> int:
         return self.num_draft_tokens
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None) -> None:
         pass
 
 
@@ -94,8 +43,9 @@ class AdaptiveDraftLength:
     and shrunk towards position i-1's rate (position 0's towards `prior_acceptance`), so positions rarely tried
     borrow from their neighbour. The prior is worth `prior_weight` observations at first and decays like any old
     observation, so a drafter that is never right ends up estimated near 0, not at a floor the prior holds up.
-    Expected tokens of a step with k drafts: 1 + sum_i prod_{j<=i} rate_j. Cost of that step, in one-token decodes: verify_cost(k) + overhead + k * draft_cost, where the last two are
-    learned from the steps' wall time (`StepOverhead`): what a step costs beyond its verify forward, per step (the
+    Expected tokens of a step with k drafts: 1 + sum_i prod_{j<=i} rate_j. Cost of that step, in one-token decodes:
+    cost_curve(k) + overhead + k * draft_cost, where the last two are learned from the seconds `observe` is given
+    for each step (`StepOverhead`): what a step costs beyond its verify forward, per step (the
     loop's bookkeeping) and per draft token (drafting itself: ~0 for n-gram, a partial forward for early exit).
     Each position's evidence decays by `decay` whenever the position is observed again (a memory of about
     1 / (1 - decay) observations). At k=0 nothing is observed, so every `probe_every` steps at k=0 one draft token
@@ -111,7 +61,7 @@ class AdaptiveDraftLength:
 
     def __init__(
         self,
-        verify_cost: VerifyCost,
+        cost_curve: CostCurve,
         max_draft_tokens: int = 8,
         prior_acceptance: float = 0.5,
         prior_weight: float = 4.0,
@@ -121,19 +71,18 @@ class AdaptiveDraftLength:
     ):
         if not 0 < decay <= 1 or prior_weight <= 0 or not 0 <= prior_acceptance <= 1 or max_draft_tokens < 1:
             raise ValueError("need 0 < decay <= 1, prior_weight > 0, 0 <= prior_acceptance <= 1, max_draft_tokens >= 1")
-        self.verify_cost = verify_cost
+        self.cost_curve = cost_curve  # k -> verifying k drafts, in one-token decodes (may refine itself)
         self.max_draft_tokens = max_draft_tokens
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.decay = decay
         self.probe_every = probe_every
-        self.learn_step_cost = learn_step_cost and verify_cost.decode_seconds > 0
+        self.learn_step_cost = learn_step_cost
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
         self.overhead = StepOverhead(decay)
         self._steps_at_zero = 0
-        self._started: float | None = None
 
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""
@@ -153,7 +102,7 @@ class AdaptiveDraftLength:
 
     def step_cost(self, num_draft_tokens: int) -> float:
         """Expected cost of a step drafting `num_draft_tokens`, in one-token decodes."""
-        return self.verify_cost(num_draft_tokens) + self.overhead.per_step + num_draft_tokens * self.overhead.per_token
+        return self.cost_curve(num_draft_tokens) + self.overhead.per_step + num_draft_tokens * self.overhead.per_token
 
     def choose(self) -> int:
         k = max(range(self.max_draft_tokens + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
@@ -163,19 +112,19 @@ class AdaptiveDraftLength:
                 self._steps_at_zero, k = 0, 1
         else:
             self._steps_at_zero = 0
-        self._started = time.perf_counter()
         return k
 
-    def observe(self, num_drafted: int, num_accepted: int) -> None:
-        seconds = time.perf_counter() - self._started if self._started is not None else None
-        self._started = None
+    def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None) -> None:
+        """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
+        `seconds` (None: not timed, learn acceptance only)."""
         for i in range(min(num_drafted, num_accepted + 1, self.max_draft_tokens)):  # reached: accepted ones + 1st miss
             self.tried[i] = self.decay * self.tried[i] + 1.0
             self.accepted[i] = self.decay * self.accepted[i] + float(i < num_accepted)
             self.prior_left[i] *= self.decay
-        if self.learn_step_cost and seconds is not None:
-            step = seconds / self.verify_cost.decode_seconds  # in one-token decodes
-            self.overhead.observe(num_drafted, step - self.verify_cost(num_drafted))
+        decode_seconds = self.cost_curve.decode_seconds  # 0 until the curve knows this device's decode time
+        if self.learn_step_cost and seconds is not None and decode_seconds > 0:
+            step = seconds / decode_seconds  # in one-token decodes
+            self.overhead.observe(num_drafted, step - self.cost_curve(num_drafted))
 
 
 class StepOverhead:
@@ -204,13 +153,16 @@ class StepOverhead:
         self.per_step, self.per_token = max(0.0, per_step), per_token
 
 
-def draft_length_policy(num_draft_tokens, verify_cost: Callable[[], VerifyCost] | None = None):
-    """An int -> a fixed policy; "auto" -> an adaptive one (measuring `verify_cost()` if needed); a ready policy
-    object (choose/observe) is used as is."""
+def draft_length_policy(
+    num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True
+):
+    """An int -> a fixed policy; "auto" -> an adaptive one planning with `load_cost_curve()` (called only then, so
+    a fixed k never reads the curve's cache) and learning step costs from timings unless told not to; a ready
+    policy object (choose/observe) is used as is."""
     if num_draft_tokens == "auto":
-        if verify_cost is None:
+        if load_cost_curve is None:
             raise ValueError('num_draft_tokens="auto" needs the device\'s verify cost curve')
-        return AdaptiveDraftLength(verify_cost())
+        return AdaptiveDraftLength(load_cost_curve(), learn_step_cost=learn_step_cost)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         if hasattr(num_draft_tokens, "choose") and hasattr(num_draft_tokens, "observe"):
             return num_draft_tokens

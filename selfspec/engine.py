@@ -1,25 +1,51 @@
-"""SelfSpecModel: one causal LM drafting for itself, and the decode loop (propose, verify, accept, roll back).
+"""SelfSpecModel: one causal LM drafting for itself, and the decode loop (propose, verify, accept, roll back, feed back).
 
-The loop is the only place that knows the order of things; the verifier, the cache, the sampling transforms and
-each drafter live in their own modules.
+The loop is the only place that knows the order of things; the verifier, the cache, the sampling transforms, the
+draft-length policy, the verify-cost curve, the stats recorder and each drafter live in their own modules.
 """
 from __future__ import annotations
 
-import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from selfspec.drafters import make_drafter
-from selfspec.draft_length import VerifyCost, draft_length_policy, measure_verify_cost
+from selfspec.draft_length import draft_length_policy
+from selfspec.drafters import MedusaDrafter, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
-from selfspec.sampling import SamplingConfig, greedy_tokens, logits_to_probs, sample_from
-from selfspec.stats import GenerationStats
+from selfspec.sampling import SamplingConfig, draw, logits_to_probs
+from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
-from selfspec.streaming import TokenStream, engine_time_only, feed_streamer
+from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
 from selfspec.verifier import Verdict, verify_greedy, verify_sampled
+from selfspec.verify_cost import LearnedVerifyCost, learned_verify_cost, prior_verify_cost
+
+# "auto": the number of draft tokens is chosen each step from the drafts' recent acceptance and this device's cost of
+# verifying them, so it falls to 0 (plain decoding through the engine) when drafts do not pay and comes back when they
+# do. A fixed k pays the full verify cost even for useless drafts (0.63-0.69x of speculation off on this project's
+# CPU with random drafts), which no default may do.
+DEFAULT_NUM_DRAFT_TOKENS = "auto"
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """One generation's settings, checked: what `generate`'s keyword arguments become before the first step."""
+
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = SamplingConfig()
+    num_draft_tokens: int | str | object = DEFAULT_NUM_DRAFT_TOKENS  # an int, "auto", or a policy (choose/observe)
+    seed: int | None = None
+    generator: torch.Generator | None = None
+    eos_token_id: int | list[int] | None = None  # None: the model's generation config
+    stop_strings: str | list[str] | None = None
+
+    @property
+    def reproducible(self) -> bool:
+        """Sampling with a seed or generator asks for the same tokens on every run. Which tokens come out depends on
+        how many drafts each step verified, so then "auto" must choose k without timings (which vary run to run)."""
+        return self.sampling.do_sample and (self.seed is not None or self.generator is not None)
 
 
 @dataclass
@@ -34,16 +60,24 @@ class SelfSpecModel:
 
     drafter: "medusa" (needs `heads`), "ngram", "early_exit", "none" (speculation off), or an object with
     `propose(context) -> Draft` and `observe(num_drafted, num_accepted)`. Default: "medusa" when heads are
-    given, else "ngram". drafter_options go to the drafter (e.g. max_ngram_size=3, exit_layer=2).
+    given, else "ngram". heads (MedusaHeads or a directory) and drafter_options (e.g. max_ngram_size=3,
+    exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
+    `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
+
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, model, drafter: str | Drafter | None = None, heads=None, tokenizer=None, **drafter_options):
         self.model = model
         self.target = TargetModel(model)
         self.tokenizer = tokenizer
-        self.heads = _load_heads(heads, model) if heads is not None else None
-        self.drafter = make_drafter(drafter, self.heads, self.target, drafter_options)
-        self._verify_cost: VerifyCost | None = None
+        self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
+        self._verify_cost: LearnedVerifyCost | None = None
+
+    @property
+    def heads(self):
+        """The Medusa heads the drafter owns (None for other drafters)."""
+        return self.drafter.heads if isinstance(self.drafter, MedusaDrafter) else None
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, **model_kwargs):
@@ -59,11 +93,13 @@ class SelfSpecModel:
             tokenizer = None
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, **(drafter_options or {}))
 
-    def verify_cost(self) -> VerifyCost:
-        """This model's cost of verifying k drafts relative to decoding one token, on its device; measured on first
-        use (a few dozen timed forwards) for num_draft_tokens="auto", then kept."""
+    def verify_cost(self) -> LearnedVerifyCost:
+        """This model's cost curve of verifying k drafts (in one-token decodes) on its device, as "auto" plans with
+        it: the curve a previous process kept in the cache directory (verify_cost.cache_dir()), else a cautious
+        prior, refined from every timed verify forward and kept again after each generation. Never measured
+        up front, so the first call pays no measuring pause."""
         if self._verify_cost is None:
-            self._verify_cost = measure_verify_cost(self.target)
+            self._verify_cost = learned_verify_cost(self.target)
         return self._verify_cost
 
     def generate(
@@ -74,7 +110,7 @@ class SelfSpecModel:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        num_draft_tokens: int | str = 4,
+        num_draft_tokens: int | str = DEFAULT_NUM_DRAFT_TOKENS,
         seed: int | None = None,
         generator: torch.Generator | None = None,
         eos_token_id: int | list[int] | None = None,
@@ -85,17 +121,20 @@ class SelfSpecModel:
 
         input_ids: a string, a list of ids, a [T] or [1, T] tensor, or chat messages `[{"role": ..., "content": ...}]`
         (formatted with the tokenizer's chat template and its generation prompt).
+        num_draft_tokens: "auto" (default: chosen each step, 0 when drafts do not pay), an int (0 = plain
+        decoding), or a policy object with choose() and observe(num_drafted, num_accepted, seconds=...).
         eos_token_id: one id or several; default: the model's generation config.
         stop_strings: stop at the token that completes one of these strings, keeping that token (as `generate` does).
         streamer: a `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`): gets the prompt, then each
-        step's accepted tokens, then `end()`.
+        piece of accepted tokens, then `end()`.
         """
-        prompt, steps, stats = self._start(
-            input_ids, max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens,
-            seed, generator, eos_token_id, stop_strings,
+        options = DecodeOptions(
+            max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
+            eos_token_id, stop_strings,
         )
+        prompt, pieces, stats = self._start(input_ids, options)
         new_tokens = []
-        for tokens in feed_streamer(prompt, steps, streamer):
+        for tokens in feed_streamer(prompt, pieces, streamer):
             new_tokens += tokens
         sequences = torch.cat([prompt, prompt.new_tensor(new_tokens)])[None]
         text = self.tokenizer.decode(new_tokens, skip_special_tokens=True) if self.tokenizer is not None else None
@@ -109,86 +148,104 @@ class SelfSpecModel:
         temperature: float = 1.0,
         top_k: int | None = None,
         top_p: float | None = None,
-        num_draft_tokens: int | str = 4,
+        num_draft_tokens: int | str = DEFAULT_NUM_DRAFT_TOKENS,
         seed: int | None = None,
         generator: torch.Generator | None = None,
         eos_token_id: int | list[int] | None = None,
         stop_strings: str | list[str] | None = None,
     ) -> TokenStream:
-        """`generate`'s arguments; returns an iterator of `StreamPiece(token_ids, text)`, one per decode step, as
-        soon as the verifier accepts them. The tokens are exactly those `generate` returns; `text` (when a tokenizer
-        is known) is the newly stable text, and all pieces' text joins to `generate`'s `text`. The returned stream
-        also carries `stats`, `token_ids` and `text` so far.
+        """`generate`'s arguments; returns an iterator of `StreamPiece(token_ids, text)`, one per target forward, as
+        soon as the verifier accepts them: the prefill's first token is a piece of its own, then each decode step
+        gives one piece (its accepted drafts and its recovered or bonus token). The tokens are exactly those
+        `generate` returns; `text` (when a tokenizer is known) is the newly stable text, and all pieces' text joins
+        to `generate`'s `text`. The returned stream also carries `stats`, `token_ids` and `text` so far.
 
             for piece in model.stream("def main():", max_new_tokens=64):
                 print(piece.text, end="", flush=True)
         """
-        prompt, steps, stats = self._start(
-            input_ids, max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens,
-            seed, generator, eos_token_id, stop_strings,
+        options = DecodeOptions(
+            max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
+            eos_token_id, stop_strings,
         )
-        return TokenStream(prompt, steps, stats, self.tokenizer)
+        prompt, pieces, stats = self._start(input_ids, options)
+        return TokenStream(prompt, pieces, stats, self.tokenizer)
 
-    def _start(self, input_ids, max_new_tokens, sampling, num_draft_tokens, seed, generator, eos_token_id, stop_strings):
+    def _start(self, input_ids, options: DecodeOptions):
         """Check and encode everything before the first step (so `stream` fails at the call, not mid-iteration);
-        returns the [T] prompt, the decode loop's steps (not started) and the stats it will fill."""
+        returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
-        _check_lengths(prompt.shape[0], max_new_tokens, self.target.max_positions)
-        strings = StopStrings(stop_strings, self.tokenizer, prompt.tolist()) if stop_strings is not None else None
-        stop = StopCondition(max_new_tokens, self._eos_ids(eos_token_id), strings)
-        stats = GenerationStats(heads_bytes=_parameter_bytes(self.heads))
-        steps = self._decode(prompt, sampling, num_draft_tokens, seed, generator, stop, stats)
-        return prompt, engine_time_only(steps, stats), stats
+        _check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
+        if options.reproducible:  # plan from acceptance and the prior curve only: the same k on every run
+            policy = draft_length_policy(
+                options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False
+            )
+        else:
+            policy = draft_length_policy(options.num_draft_tokens, self.verify_cost)
+        strings = None
+        if options.stop_strings is not None:
+            strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
+        stop = StopCondition(options.max_new_tokens, self._eos_ids(options.eos_token_id), strings)
+        generator = options.generator
+        if generator is None and options.seed is not None:
+            generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
+        recorder = StatsRecorder(drafter_parameter_bytes(self.drafter), self.clock)
+        pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
+        return prompt, pieces, recorder.stats
 
     @torch.inference_mode()
-    def _decode(self, prompt, sampling, num_draft_tokens, seed, generator, stop, stats):
-        """Prefill, then propose -> verify -> accept -> roll back -> feed back; yields each step's new tokens."""
-        draft_length = draft_length_policy(num_draft_tokens, self.verify_cost)
-        if generator is None and seed is not None:
-            generator = torch.Generator(device=self.target.device).manual_seed(seed)
-        target, cache = self.target, self.target.new_cache()
+    def _decode(self, prompt, sampling, policy, generator, stop: StopCondition, recorder: StatsRecorder):
+        """Prefill, then propose -> verify -> accept -> roll back -> feed back; yields once per target forward the
+        tokens it commits (the prefill's first token, then each step's accepted drafts + recovered/bonus token)."""
+        target, cache, clock = self.target, self.target.new_cache(), recorder.clock
         buffer = prompt.new_empty(prompt.shape[0] + stop.max_new_tokens)  # [tokens]: committed ids, then the pending one
         buffer[: prompt.shape[0]] = prompt
-        started = time.perf_counter()
-        hidden = target.forward(prompt, cache)[-1]  # [hidden] state that predicts the first new token
-        next_token = _choose(target.logits(hidden[None]), sampling, generator)
-        stats.target_forwards, num_tokens = 1, prompt.shape[0]
-        stats.prefill_seconds = time.perf_counter() - started
+        recorder.start()
+        unseen = target.forward(prompt, cache)  # [T, hidden]: states the drafter has not seen; the last predicts next
+        first, _ = draw(target.logits(unseen[-1:]), sampling, generator)  # [1], as plain decoding chooses it
+        next_token, num_tokens = int(first[0]), prompt.shape[0]
+        emitted = stop.admit([next_token])
+        recorder.prefilled(stop.num_emitted, cache.nbytes())
+        if emitted:
+            yield emitted
         while not stop.done:
-            yield self._emit(stop, [next_token], stats, cache)
+            recorder.start()
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
-            if stop.done:
-                break
-            k = min(draft_length.choose(), stop.remaining - 1)  # a step emits at most k + 1 tokens
-            draft = self._propose(buffer[:num_tokens], hidden, k, sampling, generator, cache)
+            k = min(policy.choose(), stop.remaining - 1)  # a step emits at most k + 1 tokens
+            draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache)
             verify_ids = torch.cat([buffer[num_tokens - 1 : num_tokens], draft.tokens])  # [k + 1]
+            verify_started = clock()
             # [k + 1, hidden]; an early-exit draft already ran the first layers over verify_ids: resume after them
             hidden_all = target.forward(verify_ids, cache, draft.prefilled_layers, draft.prefilled_hidden)
             verdict = _verify(draft, target.logits(hidden_all), sampling, generator)
+            verify_seconds = clock() - verify_started
             cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
             accepted = draft.tokens[: verdict.num_accepted]
             buffer[num_tokens : num_tokens + verdict.num_accepted] = accepted
             num_tokens += verdict.num_accepted
-            hidden, next_token = hidden_all[verdict.num_accepted], verdict.next_token
-            self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
-            draft_length.observe(draft.num_draft_tokens, verdict.num_accepted)
-            stats.record_step(draft.num_draft_tokens, verdict.num_accepted)
-            yield self._emit(stop, accepted.tolist(), stats, cache)
-        stats.decode_seconds = time.perf_counter() - started - stats.prefill_seconds
+            unseen = torch.cat([unseen, hidden_all[: verdict.num_accepted + 1]])  # the last predicts the next token
+            next_token = verdict.next_token
+            emitted = stop.admit(accepted.tolist() + [next_token])
+            # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
+            seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes())
+            self._observe(policy, draft, verdict, seconds, verify_seconds)
+            yield emitted
+        if self._verify_cost is not None:
+            self._verify_cost.save()
 
-    @staticmethod
-    def _emit(stop: StopCondition, tokens: list[int], stats: GenerationStats, cache) -> list[int]:
-        emitted = stop.admit(tokens)
-        stats.new_tokens = stop.num_emitted
-        # Rollback slices the cache's tensors (views), so right after it they still hold the verify step's storage.
-        stats.peak_cache_bytes = max(stats.peak_cache_bytes, cache.nbytes())
-        return emitted
-
-    def _propose(self, token_ids, hidden, num_draft_tokens, sampling, generator, cache) -> Draft:
+    def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache) -> tuple[Draft, torch.Tensor]:
+        """The drafter's proposal and what it has still not seen ([0, hidden] once it was asked; at k = 0 it is not
+        asked, and the states wait for its next proposal)."""
         if num_draft_tokens <= 0:
-            return Draft.empty(token_ids.device)
-        context = DraftContext(token_ids, hidden, num_draft_tokens, sampling, generator, self.target, cache)
-        return self.drafter.propose(context)
+            return Draft.empty(token_ids.device), unseen
+        context = DraftContext(token_ids, unseen[-1], unseen, num_draft_tokens, sampling, generator, self.target, cache)
+        return self.drafter.propose(context), unseen[:0]
+
+    def _observe(self, policy, draft: Draft, verdict: Verdict, seconds: float, verify_seconds: float) -> None:
+        """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
+        self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+        policy.observe(draft.num_draft_tokens, verdict.num_accepted, seconds=seconds)
+        if self._verify_cost is not None and draft.prefilled_layers == 0:  # a full forward verified these drafts
+            self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)
 
     def _prompt_ids(self, input_ids) -> torch.Tensor:
         """str | list[int] | [T] | [1, T] | chat messages -> [T] long on the model's device."""
@@ -223,13 +280,6 @@ class SelfSpecModel:
         return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
 
 
-def _choose(logits: torch.Tensor, sampling: SamplingConfig, generator) -> int:
-    """[1, vocab] target logits -> the next token, as plain decoding would choose it."""
-    if sampling.greedy:
-        return int(greedy_tokens(logits)[0])
-    return int(sample_from(logits_to_probs(logits, sampling), generator)[0])
-
-
 def _verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
     if sampling.greedy:
         return verify_greedy(draft.tokens, target_logits)
@@ -260,19 +310,3 @@ def _apply_chat_template(tokenizer, messages) -> list[int]:
             "set tokenizer.chat_template, or pass the prompt as text or token ids"
         )
     return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False))
-
-
-def _parameter_bytes(module) -> int:
-    return 0 if module is None else sum(p.numel() * p.element_size() for p in module.parameters())
-
-
-def _load_heads(heads, model):
-    from heads import MedusaHeads
-
-    if isinstance(heads, (str, os.PathLike)):
-        return MedusaHeads.from_pretrained(heads, model=model)
-    if isinstance(heads, MedusaHeads):
-        heads.check_base(model)
-        weight = model.get_output_embeddings().weight
-        return heads.to(device=weight.device, dtype=weight.dtype)  # follow the model, as from_pretrained heads do
-    raise TypeError(f"heads must be a MedusaHeads module or a directory, got {type(heads).__name__}")

@@ -90,3 +90,22 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     """[..., vocab] probabilities -> [...] one sampled token id per row."""
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def draw(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None):
+    """[..., vocab] logits -> ([...] token ids, [..., vocab] probs they were sampled from, or None when greedy).
+
+    The one place that chooses between greedy and sampled drawing: greedy takes `generate`'s argmax and reports
+    point masses (None); sampling warps as `generate` does and samples. The engine draws its own tokens with it and
+    every drafter draws its drafts with it, so draft and target are always warped alike.
+    """
+    if sampling.greedy:
+        return greedy_tokens(logits), None
+    probs = logits_to_probs(logits, sampling)
+    return sample_from(probs, generator), probs
+
+
+def top_probability(logits: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:
+    """[..., vocab] -> [...] a draft's confidence: the top probability of `probs` (sampling), or of the plain softmax
+    of `logits` when drawing was greedy (whose drafts are point masses, so they carry no probs)."""
+    return (probs if probs is not None else logits.float().softmax(dim=-1)).amax(dim=-1)

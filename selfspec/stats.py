@@ -1,6 +1,12 @@
-"""What one generation cost and how well its drafts did; filled by the decode loop, read by users and benchmarks."""
+"""What one generation cost and how well its drafts did (`GenerationStats`, read by users and benchmarks), and the
+one object that writes it (`StatsRecorder`, owned by the decode loop).
+
+Knows counts, bytes and a clock; nothing about models, drafts' contents or who consumes the tokens.
+"""
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -14,8 +20,13 @@ class GenerationStats:
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: of those, how many were accepted
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    heads_bytes: int = 0  # parameter bytes of the drafting heads (0 without heads)
+    drafter_parameter_bytes: int = 0  # bytes of the parameters the drafter adds to the model (heads, exit adapter)
     peak_cache_bytes: int = 0  # largest storage of the KV cache tensors, taken after each step (KVCache.nbytes)
+
+    @property
+    def heads_bytes(self) -> int:
+        """The older name of `drafter_parameter_bytes`."""
+        return self.drafter_parameter_bytes
 
     @property
     def tokens_per_forward(self) -> float:
@@ -39,16 +50,6 @@ class GenerationStats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.seconds if self.seconds else 0.0
 
-    def record_step(self, num_drafted: int, num_accepted: int) -> None:
-        self.target_forwards += 1
-        self.drafted += num_drafted
-        self.accepted += num_accepted
-        for counts in (self.drafted_by_position, self.accepted_by_position):
-            counts.extend([0] * (num_drafted - len(counts)))
-        for i in range(num_drafted):
-            self.drafted_by_position[i] += 1
-            self.accepted_by_position[i] += int(i < num_accepted)
-
     def summary(self) -> str:
         by_position = " ".join(f"{a:.2f}" for a in self.acceptance_by_position)
         return (
@@ -56,8 +57,57 @@ class GenerationStats:
             f"{self.tokens_per_forward:.2f} tokens per target forward, acceptance {self.acceptance_rate:.2f}"
             + (f" (by position: {by_position})" if by_position else "")
             + f", KV cache peak {_size(self.peak_cache_bytes)}"
-            + (f", heads {_size(self.heads_bytes)}" if self.heads_bytes else "")
+            + (f", drafting heads/adapter {_size(self.drafter_parameter_bytes)}" if self.drafter_parameter_bytes else "")
         )
+
+
+class StatsRecorder:
+    """The only writer of one generation's `GenerationStats`, owned by the decode loop.
+
+    Times the engine's own work only: the loop calls `start()` when it begins a piece of work (the prefill, or one
+    decode step) and reports its end (`prefilled`, `stepped`) before it yields; whatever the consumer does between
+    yields (printing, decoding text, a streamer's `put`) is never on the clock, so tokens/s measure the engine.
+    `clock` returns seconds (default `time.perf_counter`); tests inject a scripted one.
+    """
+
+    def __init__(self, drafter_parameter_bytes: int = 0, clock: Callable[[], float] = time.perf_counter):
+        self.stats = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes)
+        self.clock = clock
+        self._started = 0.0
+
+    def start(self) -> None:
+        self._started = self.clock()
+
+    def elapsed(self) -> float:
+        """Seconds since `start()`."""
+        return self.clock() - self._started
+
+    def prefilled(self, num_emitted: int, cache_bytes: int) -> float:
+        """The prefill forward (and the choice of the first token) ended; returns its seconds."""
+        seconds = self.elapsed()
+        self.stats.target_forwards += 1
+        self.stats.prefill_seconds += seconds
+        self._emitted(num_emitted, cache_bytes)
+        return seconds
+
+    def stepped(self, num_drafted: int, num_accepted: int, num_emitted: int, cache_bytes: int) -> float:
+        """One decode step (propose, verify, accept, roll back) ended; returns its seconds."""
+        seconds, stats = self.elapsed(), self.stats
+        stats.target_forwards += 1
+        stats.decode_seconds += seconds
+        stats.drafted += num_drafted
+        stats.accepted += num_accepted
+        for counts in (stats.drafted_by_position, stats.accepted_by_position):
+            counts.extend([0] * (num_drafted - len(counts)))
+        for i in range(num_drafted):
+            stats.drafted_by_position[i] += 1
+            stats.accepted_by_position[i] += int(i < num_accepted)
+        self._emitted(num_emitted, cache_bytes)
+        return seconds
+
+    def _emitted(self, num_emitted: int, cache_bytes: int) -> None:
+        self.stats.new_tokens = num_emitted
+        self.stats.peak_cache_bytes = max(self.stats.peak_cache_bytes, cache_bytes)
 
 
 def _size(num_bytes: int) -> str:

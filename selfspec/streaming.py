@@ -1,11 +1,11 @@
 """Streaming: committed tokens to stable text pieces, `SelfSpecModel.stream`'s iterator, and `transformers` streamers.
 
-A thin layer over the decode loop's steps (each a list of newly committed token ids); knows the tokenizer, never
-the model, cache or drafts.
+A thin layer over the decode loop's pieces, one per target forward: the prefill's first token is a piece of its own,
+then each decode step's accepted drafts plus its recovered or bonus token. Knows the tokenizer, never the model, cache,
+drafts or clock (the loop's `StatsRecorder` keeps consumer time out of the stats).
 """
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -57,7 +57,7 @@ class TextDecoder:
 
 @dataclass(frozen=True)
 class StreamPiece:
-    token_ids: list[int]  # ids committed by one decode step (empty for the final flush of held-back text)
+    token_ids: list[int]  # ids committed by one target forward (empty for the final flush of held-back text)
     text: str | None  # newly stable text ("" while held back); None when no tokenizer is known
 
 
@@ -88,17 +88,6 @@ class TokenStream:
             rest = self._decoder.flush()
             if rest:
                 yield StreamPiece([], rest)
-
-
-def engine_time_only(steps: Iterator[list[int]], stats: GenerationStats) -> Iterator[list[int]]:
-    """Pass the decode loop's steps through, taking the time the consumer spends between them (printing, text
-    decoding, a streamer's `put`) out of `stats.decode_seconds`, so tokens/s measure the engine alone."""
-    outside = 0.0
-    for tokens in steps:
-        handed_over = time.perf_counter()
-        yield tokens
-        outside += time.perf_counter() - handed_over
-    stats.decode_seconds -= outside
 
 
 def feed_streamer(prompt_ids: torch.Tensor, steps: Iterator[list[int]], streamer) -> Iterator[list[int]]:

@@ -1,9 +1,12 @@
 """The one drafter interface: every drafter gets the same context and returns draft tokens (+ draft probs).
 
-Drafters never see the verifier or the sampling outcome beyond how many of their tokens were accepted.
+Drafters never see the verifier or the sampling outcome beyond how many of their tokens were accepted. A drafter
+owns whatever modules it adds to the model (heads, an exit adapter): it loads and places them (`load_extra_module`)
+and lists them as `extra_modules` (optional; a drafter without it adds nothing), which the stats read.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -20,6 +23,10 @@ if TYPE_CHECKING:
 class DraftContext:
     token_ids: torch.Tensor  # [num_tokens] the sequence so far; its last token is pending (not yet in the cache)
     hidden_state: torch.Tensor  # [hidden] final hidden state at the position that predicted the pending token
+    # [num_new, hidden] final hidden states of every position committed since this drafter's previous proposal
+    # (after prefill: every prompt position; steps with no proposal (k = 0) accumulate). Row i is the state at
+    # the position that predicts token index len(token_ids) - num_new + i, so the last row equals hidden_state.
+    hidden_states: torch.Tensor
     num_draft_tokens: int  # the most tokens this step may propose (a drafter may propose fewer, even none)
     sampling: SamplingConfig
     generator: torch.Generator | None
@@ -56,8 +63,32 @@ class Drafter(Protocol):
         ...
 
 
+def drafter_parameter_bytes(drafter) -> int:
+    """Bytes of the parameters a drafter adds to the model: those of its `extra_modules`, none for a drafter (such as a
+    user's own object) that lists none."""
+    modules = getattr(drafter, "extra_modules", ())
+    return sum(p.numel() * p.element_size() for module in modules for p in module.parameters())
+
+
+def load_extra_module(value, model, module_class, what: str):
+    """A drafter's own module for `model`: from a directory (`module_class.from_pretrained`, which checks the base
+    and places it), or a ready module, checked against `model` and moved to its device and dtype (heads follow the
+    model). None stays None."""
+    from heads.checkpoint import attach
+
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        return module_class.from_pretrained(value, model=model).eval()
+    if isinstance(value, module_class):
+        return attach(value, model, value.config.base, what)
+    raise TypeError(f"{what} must be a {module_class.__name__} or its directory, got {type(value).__name__}")
+
+
 class NoDrafter:
     """Speculation off: every step verifies the pending token alone, which is plain decoding through the engine."""
+
+    extra_modules = ()
 
     def propose(self, context: DraftContext) -> Draft:
         return Draft.empty(context.token_ids.device)

@@ -5,16 +5,15 @@ Shared work: drafting writes the first layers' keys and values for the pending t
 returns their exit-layer outputs (`Draft.prefilled_hidden`), so verification runs only the remaining layers. The
 last draft token passes the first layers once more (its successor is never drafted) so its exit state exists too:
 a draft of k tokens costs k + 1 partial forwards, and verification none of them again.
-Greedy drafts are argmax point masses; sampled drafts carry their draft_probs to the exact verifier.
+Greedy drafts are argmax point masses; sampled drafts carry their draft_probs to the exact verifier. The drafter
+owns its exit adapter: it loads it (or checks a given one against the model) and places it on the model.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext
-from selfspec.sampling import greedy_tokens, logits_to_probs, sample_from
+from selfspec.drafters.base import Draft, DraftContext, load_extra_module
+from selfspec.sampling import draw, top_probability
 
 
 class EarlyExitDrafter:
@@ -29,7 +28,9 @@ class EarlyExitDrafter:
         self, target, exit_layer: int | None = None, adapter=None, min_draft_confidence: float = 0.0,
         share_work: bool = True,
     ):
-        self.adapter = _load_adapter(adapter, target.model)
+        from heads.exit_adapter import ExitAdapter
+
+        self.adapter = load_extra_module(adapter, target.model, ExitAdapter, "the exit adapter")
         if exit_layer is None:
             if self.adapter is None:
                 raise ValueError(
@@ -54,6 +55,10 @@ class EarlyExitDrafter:
         self.min_draft_confidence = min_draft_confidence
         self.share_work = share_work
 
+    @property
+    def extra_modules(self) -> tuple:
+        return () if self.adapter is None else (self.adapter,)
+
     def propose(self, context: DraftContext) -> Draft:
         target, cache, sampling = context.target, context.cache, context.sampling
         token = context.token_ids[-1:]  # [1] the pending token, not yet in the cache
@@ -64,15 +69,14 @@ class EarlyExitDrafter:
             if len(tokens) == context.num_draft_tokens:
                 break
             logits = target.logits(target.final_norm(self._adapt(exit_state)))  # [1, vocab]
-            probs = None if sampling.greedy else logits_to_probs(logits, sampling)  # [1, vocab], warped as the target's
-            if self.min_draft_confidence and _confidence(logits, probs) < self.min_draft_confidence:
+            # [1], and [1, vocab] warped as the target's (None when greedy). Sampled before the confidence check:
+            # that check only decides how many drafts are proposed, never which, so the law stays the verifier's.
+            token, probs = draw(logits, sampling, context.generator)
+            if self.min_draft_confidence and float(top_probability(logits, probs)) < self.min_draft_confidence:
                 break  # unsure: stop here; the last kept draft already has its exit state, no extra pass needed
-            if probs is None:
-                tokens.append(greedy_tokens(logits))
-            else:
-                tokens.append(sample_from(probs, context.generator))
+            tokens.append(token)
+            if probs is not None:
                 draft_probs.append(probs)
-            token = tokens[-1]
         tokens = torch.cat(tokens) if tokens else context.token_ids.new_empty(0)
         draft_probs = torch.cat(draft_probs) if draft_probs else None  # [num_draft_tokens, vocab] when sampling
         if not self.share_work:  # the naive reference: forget the drafted layers' work, verification redoes it
@@ -90,23 +94,3 @@ class EarlyExitDrafter:
 
     def _adapt(self, exit_state: torch.Tensor) -> torch.Tensor:
         return exit_state if self.adapter is None else self.adapter(exit_state)
-
-
-def _confidence(logits: torch.Tensor, probs: torch.Tensor | None) -> float:
-    """Top probability of the draft distribution (of the plain softmax when greedy, whose drafts are point masses)."""
-    return float((probs if probs is not None else logits.float().softmax(dim=-1)).max())
-
-
-def _load_adapter(adapter, model):
-    from heads.exit_adapter import ExitAdapter
-    from heads.medusa import BaseIdentity
-
-    if adapter is None:
-        return None
-    if isinstance(adapter, (str, os.PathLike)):
-        return ExitAdapter.from_pretrained(adapter, model=model).eval()
-    if isinstance(adapter, ExitAdapter):
-        adapter.config.base.check_matches(BaseIdentity.of(model), "the exit adapter")
-        weight = model.get_output_embeddings().weight
-        return adapter.to(device=weight.device, dtype=weight.dtype).eval()  # follow the model, as a loaded one does
-    raise TypeError(f"adapter must be an ExitAdapter or its directory, got {type(adapter).__name__}")

@@ -2,38 +2,47 @@
 
 Greedy: each head's argmax (point masses). Sampling: each head's warped distribution, sampled; its draft_probs
 go to the verifier. Head k's guess does not depend on the heads before it, which is a valid (if crude) chain.
+The drafter owns its heads: it loads them (or checks given ones against the model) and places them on the model.
 """
 from __future__ import annotations
 
-from selfspec.drafters.base import Draft, DraftContext
-from selfspec.sampling import greedy_tokens, logits_to_probs, sample_from
+from selfspec.drafters.base import Draft, DraftContext, load_extra_module
+from selfspec.sampling import draw, top_probability
 
 
 class MedusaDrafter:
-    """min_draft_confidence: keep heads only up to the first whose top probability is below this (0 = keep all).
+    """heads: `MedusaHeads` or their directory; with `model`, checked against it and moved to its device and dtype
+    (without, ready heads are used as they are).
+    min_draft_confidence: keep heads only up to the first whose top probability is below this (0 = keep all).
     The default 0.1 was measured on the reference model's 4 heads (examples/draft_length_replay.py --heads):
     +8 % tokens per unit cost at k = 4 on this CPU (1.37x vs 1.27x), +5 % under num_draft_tokens="auto"; 0.2
     and above cut too many right drafts. An unsure head 1 then means a plain decoding step, which is cheaper
     than verifying a likely-wrong draft (verifying 2 tokens costs ~1.4 decodes here)."""
 
-    def __init__(self, heads, min_draft_confidence: float = 0.1):
+    def __init__(self, heads, model=None, min_draft_confidence: float = 0.1):
+        from heads import MedusaHeads
+
         if not 0.0 <= min_draft_confidence <= 1.0:
             raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
+        if model is not None:
+            heads = load_extra_module(heads, model, MedusaHeads, "these heads")
+        elif not isinstance(heads, MedusaHeads):
+            raise TypeError(f"heads must be a MedusaHeads module (or, with model=..., its directory), got {type(heads).__name__}")
         self.heads = heads
         self.min_draft_confidence = min_draft_confidence
+
+    @property
+    def extra_modules(self) -> tuple:
+        return (self.heads,)
 
     def propose(self, context: DraftContext) -> Draft:
         num_draft_tokens = min(context.num_draft_tokens, self.heads.num_heads)
         if num_draft_tokens == 0:
             return Draft.empty(context.token_ids.device)
         logits = self.heads(context.hidden_state, context.target.logits, num_draft_tokens)  # [num_draft_tokens, vocab]
-        if context.sampling.greedy:
-            tokens, draft_probs = greedy_tokens(logits), None
-            confidence = logits.float().softmax(dim=-1).amax(dim=-1) if self.min_draft_confidence else None
-        else:
-            draft_probs = logits_to_probs(logits, context.sampling)
-            tokens, confidence = sample_from(draft_probs, context.generator), draft_probs.amax(dim=-1)
+        tokens, draft_probs = draw(logits, context.sampling, context.generator)  # [k], [k, vocab] or None
         if self.min_draft_confidence:
+            confidence = top_probability(logits, draft_probs)  # [num_draft_tokens]
             # Only the number proposed changes (not which tokens, nor their law): the verifier stays exact.
             unsure = (confidence < self.min_draft_confidence).nonzero()
             if unsure.numel():

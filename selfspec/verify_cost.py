@@ -1,0 +1,208 @@
+"""What verifying k draft tokens costs on this device, relative to decoding one token: the curve (`VerifyCost`), a
+conservative prior, an explicit measurement, a curve that refines itself from the verify forwards the engine runs
+anyway (`LearnedVerifyCost`), and where it is kept between processes.
+
+Knows the target model only as something to time and to name (the cache key); knows nothing about drafters,
+acceptance, or the policy that plans with the curve (`draft_length.py`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# Environment variable naming the directory for selfspec's cached curves; default $XDG_CACHE_HOME/selfspec, else
+# ~/.cache/selfspec (the usual place for data that can be rebuilt at any time).
+CACHE_DIR_ENV = "SELFSPEC_CACHE_DIR"
+MAX_DRAFT_TOKENS = 8  # the curve is kept for k = 0 .. 8 and extrapolated linearly beyond
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """relative[k]: seconds of one target forward over k + 1 new tokens (verifying k drafts) divided by the seconds
+    of a one-token decode (relative[0] == 1). About 1 + 0.15 k on a 2-core CPU, about 1 on a large GPU."""
+
+    relative: tuple[float, ...]
+    decode_seconds: float = 0.0  # the one-token decode the ratios are relative to (0 when not measured)
+
+    def __call__(self, num_draft_tokens: int) -> float:
+        last = len(self.relative) - 1
+        if num_draft_tokens <= last:
+            return self.relative[num_draft_tokens]
+        slope = self.relative[last] - self.relative[last - 1] if last else 0.0
+        return self.relative[last] + slope * (num_draft_tokens - last)  # linear beyond what was measured
+
+
+def prior_verify_cost(device: torch.device) -> VerifyCost:
+    """The curve assumed before anything is known about this model on this device: 1 + jump * sqrt(k).
+
+    Concave, as every measured curve is (the first extra token costs most; FACTS.md, SmolLM2-135M on one thread:
+    k=2 1.61, 4 1.54, 8 1.76, 16 2.20; the reference model: k=1 1.26-1.57, 3 1.46-1.74, 8 1.73-1.99), and above all
+    of those measurements on a CPU (jump 0.4: 1.40 at k=1, 1.69 at k=3, 2.13 at k=8), so drafts must earn their
+    keep before they are drafted and a useless drafter starts near plain decoding's speed, while good drafts still
+    reach long chains. On an accelerator 0.1 (a large GPU stays near 1 up to dozens of tokens).
+    """
+    jump = 0.4 if device.type == "cpu" else 0.1
+    return VerifyCost(tuple(1.0 + jump * math.sqrt(k) for k in range(MAX_DRAFT_TOKENS + 1)))
+
+
+class LearnedVerifyCost:
+    """A verify-cost curve that refines itself from timed verify forwards: seconds(k) ~ a + b * (start(k) - 1).
+
+    `start` is the curve it began from (cached on disk, or the prior); `a` is this device's one-token decode and
+    `b / a` rescales the start curve's extra cost per verified token. Both are fitted by decayed least squares; a
+    ridge holds b / a at 1 (the start curve) with the weight of `prior_weight` observations, so while every step
+    verifies the same number of tokens the shape stays the start's and only the scale is learned.
+    Called like a `VerifyCost`; `snapshot()` freezes it, `save()` keeps it for the next process.
+
+    Defaults: decay 0.98 remembers about 50 steps (the cost drifts slowly as the context grows, while single steps
+    are noisy); the start curve is worth 8 steps (it is a measurement or a cautious prior, not a guess).
+    """
+
+    def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 8.0):
+        self.start, self.path = start, path
+        self.decay, self.prior_weight = decay, prior_weight
+        self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds
+        self.decode_seconds = start.decode_seconds  # a: 0 until a step has been timed
+        self.scale = 1.0  # b / a
+        self.num_observed = 0
+
+    def __call__(self, num_draft_tokens: int) -> float:
+        return 1.0 + self.scale * (self.start(num_draft_tokens) - 1.0)
+
+    @property
+    def relative(self) -> tuple[float, ...]:
+        return tuple(self(k) for k in range(MAX_DRAFT_TOKENS + 1))
+
+    def observe(self, num_draft_tokens: int, seconds: float) -> None:
+        """One full target forward that verified `num_draft_tokens` drafts took `seconds`."""
+        m, g = self.start(num_draft_tokens) - 1.0, self.decay
+        for i, value in enumerate((1.0, m, m * m, seconds, m * seconds)):
+            self.sums[i] = g * self.sums[i] + value
+        self.num_observed += 1
+        n, sm, smm, st, smt = self.sums
+        w = self.prior_weight
+        # Normal equations of sum (t - a - b m)^2 + w (b - a)^2 over (a, b).
+        a11, a12, a22 = n + w, sm - w, smm + w
+        det = a11 * a22 - a12 * a12
+        if det <= 1e-12 * a11 * a22:
+            return
+        a = (st * a22 - a12 * smt) / det
+        b = (a11 * smt - a12 * st) / det
+        if a > 0:
+            self.decode_seconds, self.scale = a, max(0.0, b / a)  # verifying more never costs less
+
+    def snapshot(self) -> VerifyCost:
+        return VerifyCost(self.relative, self.decode_seconds)
+
+    def save(self) -> None:
+        """Keep the curve for later processes (nothing to keep before a step was timed, or without a path)."""
+        if self.path is None or not self.num_observed:
+            return
+        _write_json(self.path, {"relative": list(self.relative), "decode_seconds": self.decode_seconds})
+
+
+def learned_verify_cost(target) -> LearnedVerifyCost:
+    """This model's curve on this device: the one a previous process kept, else the prior; refined from here on."""
+    path = cache_dir() / "verify_cost" / f"{cost_key(target)}.json"
+    start = _read_curve(path) or prior_verify_cost(target.device)
+    return LearnedVerifyCost(start, path)
+
+
+def cache_dir() -> Path:
+    """$SELFSPEC_CACHE_DIR, else $XDG_CACHE_HOME/selfspec, else ~/.cache/selfspec."""
+    if os.environ.get(CACHE_DIR_ENV):
+        return Path(os.environ[CACHE_DIR_ENV])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec"
+
+
+def cost_key(target) -> str:
+    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads."""
+    model, device = target.model, target.device
+    weight = target.lm_head.weight
+    described = {
+        "model": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "layers": target.num_layers,
+        "hidden": target.hidden_size,
+        "vocab": target.vocab_size,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "dtype": str(weight.dtype),
+        "threads": torch.get_num_threads(),
+    }
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _read_curve(path: Path) -> VerifyCost | None:
+    try:
+        raw = json.loads(path.read_text())
+        relative = tuple(float(c) for c in raw["relative"])
+        decode_seconds = float(raw["decode_seconds"])
+    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable or from another version: start over
+        return None
+    if len(relative) < 2 or relative[0] != 1.0 or any(c < 1.0 for c in relative):
+        return None
+    return VerifyCost(relative, decode_seconds)
+
+
+def _write_json(path: Path, content: dict) -> None:
+    """Atomically (a concurrent reader sees the old file or the new one); a cache that cannot be written (read-only
+    home, full disk) only costs the next process its head start, so it is skipped silently."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(content))
+        os.replace(partial, path)
+    except OSError:
+        pass
+
+
+@torch.inference_mode()
+def measure_verify_cost(target, max_draft_tokens: int = 8, context_length: int = 128, repeats: int = 7) -> VerifyCost:
+    """Time target forwards of 1 .. max_draft_tokens + 1 tokens after a `context_length`-token cache (a few dozen
+    forwards: for benchmarks and tools; decoding itself learns the curve from its own steps instead).
+
+    Sizes are interleaved within each round; each size keeps its fastest of `repeats` rounds (other processes only
+    ever add time, so the minimum is the least disturbed), and the ratios are made non-decreasing by pooling
+    neighbours that violate it (verifying more never costs less; pooling, unlike a running max, lets no single
+    slow outlier raise every larger size).
+    """
+    if target.max_positions is not None:
+        context_length = max(1, min(context_length, target.max_positions - max_draft_tokens - 1))
+    cache = target.new_cache()
+    ids = torch.arange(context_length + max_draft_tokens + 1, device=target.device) % target.vocab_size
+    target.forward(ids[:context_length], cache)
+    fastest = [float("inf")] * (max_draft_tokens + 1)
+    for round_ in range(repeats + 1):  # round 0 warms up
+        for k in range(max_draft_tokens + 1):
+            _sync(target.device)
+            started = time.perf_counter()
+            target.logits(target.forward(ids[context_length : context_length + k + 1], cache))
+            _sync(target.device)
+            if round_:
+                fastest[k] = min(fastest[k], time.perf_counter() - started)
+            cache.rollback(context_length)
+    relative = _non_decreasing([max(1.0, f / fastest[0]) for f in fastest])
+    return VerifyCost(tuple([1.0] + relative[1:]), fastest[0])
+
+
+def _non_decreasing(values: list[float]) -> list[float]:
+    """Least-squares non-decreasing fit (pool adjacent violators)."""
+    blocks = []  # [mean, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(n)]
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
