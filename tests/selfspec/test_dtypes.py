@@ -10,6 +10,7 @@ from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.sampling import logits_to_probs, SamplingConfig
 from tests.conftest import tiny_model
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, trained_heads
 from tests.selfspec.tiny_text import save_model_dir, tiny_tokenizer
 
 HALF_DTYPES = [torch.bfloat16, torch.float16]
@@ -127,11 +128,12 @@ def test_accelerate_dispatch_with_an_offloaded_layer(tmp_path):
 
 
 def test_stats_report_heads_and_peak_cache_bytes():
-    model = tiny_model(dtype=torch.float32)  # 2 layers, 2 KV heads of 8 dims
-    heads = MedusaHeads.for_model(model, num_heads=3)
-    engine = SelfSpecModel(model, drafter="medusa", heads=heads)
+    model = scrambled_model("llama", seed=4).float()  # 2 layers, 2 KV heads of 8 dims
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    heads = trained_heads(model, greedy_sequences(model, [prompt], 12), num_heads=3)  # right early, wrong later
+    engine = SelfSpecModel(model, drafter="medusa", heads=heads, min_draft_confidence=0.0)
     stats = engine.generate(prompt, max_new_tokens=20, eos_token_id=[], num_draft_tokens=3).stats
+    assert_exercised(stats)  # drafts were written into the cache, and rejected ones rolled back
     assert stats.heads_bytes == sum(p.numel() * 4 for p in heads.parameters()) > 0
     per_token = 2 * 2 * 2 * 8 * 4  # layers * (keys, values) * KV heads * head dim * bytes
     # The cache ends up holding every committed token but the last (still pending), and at most a step's drafts more.

@@ -29,14 +29,30 @@ def test_layers_in_pieces_equal_the_decoder_forward(family):
     torch.testing.assert_close(torch.cat(pieces), expected, rtol=0, atol=1e-10)
 
 
-def test_a_sliding_window_model_works_past_its_window():
+def sliding_window_model(window):
     config = transformers.MistralConfig(
         vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, sliding_window=4,
+        num_key_value_heads=2, sliding_window=window,
     )
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
-    ModelParts.of(model)  # its probe runs past the window
+    return transformers.AutoModelForCausalLM.from_config(config).double().eval()
+
+
+def test_a_sliding_window_model_works_past_its_window():
+    """Layer by layer through a sliding-window cache, 14 tokens in chunks past a 4-token window, equals the decoder's
+    own cache-free forward; and the window really matters here (without it the states differ)."""
+    model = sliding_window_model(4)
+    parts = ModelParts.of(model)  # its probe runs past the window
+    ids = random_prompt(14, seed=1)
+    expected = model.get_decoder()(input_ids=ids).last_hidden_state[0]  # [14, hidden]
+    cache = DynamicCache(config=model.config)
+    pieces = []
+    for lo, hi in [(0, 6), (6, 7), (7, 10), (10, 14)]:
+        hidden = parts.run_layers(parts.embed(ids[:, lo:hi], cache), cache, 0, 1)
+        pieces.append(parts.norm(parts.run_layers(hidden, cache, 1, 3))[0])
+    torch.testing.assert_close(torch.cat(pieces), expected, rtol=0, atol=1e-10)
+    unwindowed = sliding_window_model(None).get_decoder()(input_ids=ids).last_hidden_state[0]
+    assert (unwindowed[6:] - expected[6:]).abs().max() > 1e-3
 
 
 def test_parts_do_not_touch_the_model_config():

@@ -14,6 +14,8 @@ from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.streaming import TextDecoder
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, sharpened, trained_heads
+from tests.selfspec.test_dtypes import successor_model
 from tests.selfspec.tiny_text import tiny_text_model, tiny_tokenizer
 
 
@@ -32,12 +34,27 @@ def test_stream_has_generates_arguments():
 @pytest.mark.parametrize("drafter", ["ngram", "none", "medusa"])
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_streamed_tokens_are_generates_tokens(drafter, do_sample):
-    model = tiny_model()
-    heads = MedusaHeads.for_model(model, num_heads=3) if drafter == "medusa" else None
-    engine = SelfSpecModel(model, drafter=drafter, heads=heads)
+    # Models on which each drafter is right sometimes and wrong sometimes: heads on a scrambled model (trained on its
+    # first 12 tokens only); n-gram drafts copy a tiny random model's cycles when greedy, and when sampling the
+    # cycles of a successor model, which has sharp but not certain distributions.
+    if drafter == "medusa":
+        model = sharpened(scrambled_model("llama", seed=4), 6.0)
+    elif do_sample:
+        model = sharpened(successor_model(torch.float64), 0.2)
+    else:
+        model = tiny_model()
     prompt = repetitive_prompt(30)
-    kwargs = dict(max_new_tokens=25, do_sample=do_sample, top_k=20, seed=3)
+    if drafter == "medusa":  # heads that agree with the model sometimes, consulted whatever their confidence
+        heads = trained_heads(model, greedy_sequences(model, [prompt], 12), num_heads=3)
+        engine = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
+    else:
+        engine = SelfSpecModel(model, drafter=drafter)
+    kwargs = dict(max_new_tokens=25, do_sample=do_sample, top_k=20, seed=3, eos_token_id=[])
     out = engine.generate(prompt, **kwargs)
+    if drafter == "none":
+        assert out.stats.drafted == 0
+    else:
+        assert_exercised(out.stats)  # steps of several tokens, some cut short by a rejection
     stream = engine.stream(prompt, **kwargs)
     tokens, pieces = collect(stream)
     assert tokens == out.sequences[0, prompt.shape[1] :].tolist() == stream.token_ids

@@ -53,18 +53,38 @@ def test_point_mass_draft_on_a_certain_token_is_accepted_with_its_bonus():
     assert verdict.__dict__ == dict(num_accepted=1, next_token=2)
 
 
-def test_residual_guard_when_rounding_leaves_no_mass():
-    """A rejection that exact arithmetic forbids (draft == target) must still return a token of the target."""
-    target = rows([0.25, 0.75], [0.5, 0.5])
-    draft = rows([0.25, 0.75])
-    # Force the rejection branch through a generator whose first uniform is ~1 and a draft prob slightly high.
-    nudged = draft.clone()
-    nudged[0, 1] += 1e-12
-    nudged[0, 0] -= 1e-12
+class _ScriptedUniform:
+    """Stands in for `torch` inside the verifier: `rand` returns scripted uniforms, everything else is torch's."""
+
+    def __init__(self, uniforms):
+        self.uniforms = uniforms
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    def rand(self, n, generator=None, device=None, dtype=None):
+        return torch.tensor(self.uniforms[:n], dtype=dtype, device=device)
+
+
+def test_residual_guard_when_rounding_leaves_no_mass(monkeypatch):
+    """Draft probs one ulp above the target's on the drafted token (rounding), none below: a uniform just under 1
+    rejects it, and max(0, target - draft) is all zeros. The guard must recover from the target row, never 0/0.
+    Catches (planted): the guard removed (NaN probabilities: multinomial raises or returns garbage)."""
+    import selfspec.verifier
+
+    target = rows([0.1, 0.2, 0.7], [0.5, 0.25, 0.25])
+    draft = target[:1].clone()
+    draft[0, 0] = torch.nextafter(draft[0, 0], torch.tensor(1.0, dtype=torch.float64))
+    assert ((target[0] - draft[0]).clamp_min(0) == 0).all()  # exactly no residual mass
+    largest_uniform = 1.0 - 2.0**-53  # the largest float64 below 1, which torch.rand can return
+    monkeypatch.setattr(selfspec.verifier, "torch", _ScriptedUniform([largest_uniform]))
     g = torch.Generator().manual_seed(0)
-    for _ in range(50):
-        verdict = verify_sampled(torch.tensor([1]), nudged, target, g)
-        assert verdict.next_token in (0, 1)
+    seen = set()
+    for _ in range(200):
+        verdict = verify_sampled(torch.tensor([0]), draft, target, g)
+        assert verdict.num_accepted == 0  # the rejection really happened
+        seen.add(verdict.next_token)
+    assert seen == {0, 1, 2}  # recovered from the target row (all of its support), not from a 0/0 residual
 
 
 def test_truncated_supports_never_produce_a_token_outside_the_target_support():
