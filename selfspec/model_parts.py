@@ -3,17 +3,22 @@
 Early exit needs what a decoder's `forward` does not offer: run only layers [start, end) and resume later from
 a hidden state. This adapter reaches the public parts of the decoder module (embeddings, layer stack, final norm,
 rotary embeddings) and builds masks with `transformers.masking_utils`, exactly as the modeling files do, without
-copying modeling code and without touching the model's config. Two layouts cover the supported families:
+copying modeling code and without touching the model's config. Three layouts cover the supported families:
 
-    llama layout: embed_tokens, layers, norm, rotary_emb  (Llama, Mistral, Qwen2, Qwen3, Gemma, Phi-3)
-    gpt2 layout:  wte, wpe, drop, h, ln_f                 (GPT-2)
+    llama layout:    embed_tokens, layers, norm, rotary_emb                  (Llama, Mistral, Qwen2/3, Gemma 1-3, Phi-3)
+    gpt_neox layout: embed_in, emb_dropout, layers, final_layer_norm, rotary_emb; layers take `layer_past` (GPT-NeoX)
+    gpt2 layout:     wte, wpe, drop, h, ln_f                                 (GPT-2)
 
-At wrap time it proves, on a short probe, that running the layers in two pieces reproduces the decoder's own
-forward; a family that does more between its layers (embedding multipliers, per-layer extras) fails there with
-a clear error instead of drafting garbage. Knows nothing about drafts, sampling or the LM head.
+A rotary embedding that takes the layer type (Gemma 3: local and global layers rotate differently) is called once
+per layer type in the range. At wrap time it checks that the layers and the rotary embedding take nothing this
+adapter does not pass, then proves, on a short probe, that running the layers in two pieces reproduces the
+decoder's own forward; a family that does more between its layers (embedding multipliers, per-layer extras) is
+refused there with a NotImplementedError naming the reason, never a TypeError at generate time. Knows nothing
+about drafts, sampling or the LM head.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +26,9 @@ from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma, Phi-3 and GPT-2"
+SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma (1-3), Phi-3, GPT-NeoX and GPT-2"
+# What run_layers passes to each layer, besides the hidden states and the cache (under the layout's cache keyword).
+_LAYER_ARGUMENTS = {"attention_mask", "position_ids", "use_cache", "position_embeddings"}
 
 
 @dataclass(frozen=True)
@@ -33,10 +40,15 @@ class _Layout:
     rotary: str | None  # rotary embedding module giving (cos, sin) per position
     positions: str | None  # learned position embedding module (GPT-2)
     dropout: str | None  # embedding dropout (identity in eval mode, kept for fidelity)
+    cache_arg: str = "cache"  # the keyword under which a layer takes the KV cache
 
 
 LAYOUTS = (
     _Layout("llama", embed="embed_tokens", layers="layers", norm="norm", rotary="rotary_emb", positions=None, dropout=None),
+    _Layout(
+        "gpt_neox", embed="embed_in", layers="layers", norm="final_layer_norm", rotary="rotary_emb", positions=None,
+        dropout="emb_dropout", cache_arg="layer_past",
+    ),
     _Layout("gpt2", embed="wte", layers="h", norm="ln_f", rotary=None, positions="wpe", dropout="drop"),
 )
 
@@ -57,6 +69,10 @@ class ModelParts:
         self.dropout = getattr(decoder, layout.dropout, None) if layout.dropout else None
         # The modeling files iterate `layers[: config.num_hidden_layers]`; so do we.
         self.num_layers = self.config.num_hidden_layers
+        # Gemma 3 style: rotary_emb(x, position_ids, layer_type), one (cos, sin) per kind of layer.
+        self.layer_types = None
+        if self.rotary_emb is not None and "layer_type" in inspect.signature(self.rotary_emb.forward).parameters:
+            self.layer_types = list(self.config.layer_types)
 
     @classmethod
     def of(cls, model) -> "ModelParts":
@@ -76,7 +92,15 @@ class ModelParts:
                 missing = sorted(set(missing) | {layout.layers})
             if not missing:
                 parts = cls(model, decoder, layout)
-                parts._check()
+                parts._check_signatures()
+                try:
+                    parts._check()
+                except (TypeError, ValueError, KeyError, IndexError, AttributeError, RuntimeError) as err:
+                    raise NotImplementedError(
+                        f"early exit cannot run {name}'s decoder ({type(decoder).__name__}) layer by layer as a "
+                        f"{layout.name}-style decoder ({type(err).__name__}: {err}); early exit supports "
+                        f"{SUPPORTED_FAMILIES}; other drafters (ngram, medusa) work on any causal LM"
+                    ) from err
                 return parts
             missing_by_layout[layout.name] = missing
         described = "; ".join(f"as a {k}-style decoder it lacks {', '.join(v)}" for k, v in missing_by_layout.items())
@@ -102,7 +126,7 @@ class ModelParts:
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layer range [{start}, {end}) is outside the model's {self.num_layers} layers")
         position_ids = self._position_ids(hidden, cache, start)
-        rotary = {} if self.rotary_emb is None else {"position_embeddings": self.rotary_emb(hidden, position_ids)}
+        rotary = self._rotary(hidden, position_ids, range(start, end))  # layer type (or None) -> (cos, sin)
         masks = {}  # sliding or not -> mask, sized against the first layer of that kind in the range
         for i in range(start, end):
             sliding = cache.is_sliding[i]
@@ -112,10 +136,42 @@ class ModelParts:
                     config=self.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
                     position_ids=position_ids, layer_idx=i,
                 )
-            hidden = self.layers[i](
-                hidden, attention_mask=masks[sliding], position_ids=position_ids, cache=cache, use_cache=True, **rotary
-            )
+            extra = {self.layout.cache_arg: cache}
+            if rotary:
+                extra["position_embeddings"] = rotary[self.layer_types[i] if self.layer_types else None]
+            hidden = self.layers[i](hidden, attention_mask=masks[sliding], position_ids=position_ids, use_cache=True, **extra)
         return hidden
+
+    def _rotary(self, hidden: torch.Tensor, position_ids: torch.Tensor, layers: range) -> dict:
+        """{layer type: (cos, sin)} for the layers in `layers` ({None: ...} when every layer rotates alike; {} when
+        the decoder has no rotary embedding)."""
+        if self.rotary_emb is None:
+            return {}
+        if self.layer_types is None:
+            return {None: self.rotary_emb(hidden, position_ids)}
+        kinds = {self.layer_types[i] for i in layers}
+        return {kind: self.rotary_emb(hidden, position_ids, layer_type=kind) for kind in kinds}
+
+    def _check_signatures(self) -> None:
+        """Refuse, naming the argument, a decoder whose layers or rotary embedding need what run_layers does not pass
+        (or that would silently drop the cache into **kwargs)."""
+        decoder = type(self.decoder).__name__
+        layer = inspect.signature(self.layers[0].forward).parameters
+        if self.layout.cache_arg not in layer:
+            raise NotImplementedError(
+                f"{decoder}'s layers do not name a `{self.layout.cache_arg}` argument, so early exit cannot hand them "
+                f"the shared cache; early exit supports {SUPPORTED_FAMILIES}"
+            )
+        known = _LAYER_ARGUMENTS | {self.layout.cache_arg}
+        required = [n for n, p in list(layer.items())[1:] if _required(p) and n not in known]
+        if self.rotary_emb is not None:
+            rotary = inspect.signature(self.rotary_emb.forward).parameters
+            required += [f"rotary_emb({n})" for n, p in list(rotary.items())[2:] if _required(p) and n != "layer_type"]
+        if required:
+            raise NotImplementedError(
+                f"{decoder}'s layers need {', '.join(required)}, which early exit does not know how to give them; "
+                f"early exit supports {SUPPORTED_FAMILIES}; other drafters (ngram, medusa) work on any causal LM"
+            )
 
     @staticmethod
     def _position_ids(hidden: torch.Tensor, cache: DynamicCache, layer_idx: int) -> torch.Tensor:
@@ -144,3 +200,9 @@ class ModelParts:
                 f"(it does something between its layers that the {self.layout.name} layout does not know); "
                 f"early exit supports {SUPPORTED_FAMILIES}"
             )
+
+
+def _required(parameter: inspect.Parameter) -> bool:
+    return parameter.default is inspect.Parameter.empty and parameter.kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD,
+    )
