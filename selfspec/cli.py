@@ -60,6 +60,15 @@ def _int_at_least(low: int):
     return parse
 
 
+def _draft_tokens(text: str):
+    if text == "auto":
+        return text
+    try:
+        return _int_at_least(0)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or auto, got {text!r}") from None
+
+
 def _float_in(low: float, high: float, low_open: bool):
     def parse(text: str) -> float:
         try:
@@ -159,9 +168,11 @@ def _add_generate(commands) -> None:
                           "default: no limit")
     decoding.add_argument("--seed", type=int, metavar="S",
                           help="random seed, for reproducible sampling; default: fresh randomness each run")
-    decoding.add_argument("--num-draft-tokens", type=_int_at_least(0), default=4, metavar="K",
-                          help="draft tokens verified per step; default: 4, since on a CPU verifying 5 tokens already "
-                          "costs about 1.6-1.9x one, so longer drafts rarely pay; 0 turns speculation off")
+    decoding.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="K",
+                          help="draft tokens verified per step, or auto; default: auto, which picks k each step from "
+                          "the drafts' recent acceptance and this device's cost of verifying k (kept in "
+                          "$SELFSPEC_CACHE_DIR, default ~/.cache/selfspec), down to 0 when drafts do not pay, so "
+                          "speculation is never much slower than plain decoding; 0 turns speculation off")
     decoding.add_argument("--stop", action="append", metavar="STRING",
                           help="stop after the token that completes STRING (kept, as transformers' stop_strings keeps "
                           "it), repeatable; default: only EOS and --max-new-tokens stop")
