@@ -6,6 +6,7 @@ GGUF file is dequantized by `transformers` (it needs the `gguf` package). Knows 
 """
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 from pathlib import Path
@@ -53,10 +54,10 @@ def load_tokenizer(name_or_path: str | os.PathLike):
     from transformers import AutoTokenizer
 
     path = resolve_model_path(name_or_path)
+    # outside the try: a missing .gguf file or gguf package is an error, not "this model has no tokenizer"
+    source = _gguf_kwargs(path) if is_gguf(path) else {"pretrained_model_name_or_path": path}
     try:
-        if is_gguf(path):
-            return AutoTokenizer.from_pretrained(**_gguf_kwargs(path))
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(**source)
     except (OSError, ValueError):  # a model directory without tokenizer files
         return None
 
@@ -83,11 +84,11 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None 
 
 def plain_copy(model):
     """A GGUF-loaded model refuses `save_pretrained` ("quantized with gguf ... not serializable"): the same weights
-    in a fresh model of its class, which saves like any other."""
-    config = model.config
+    in a fresh model of its class, which saves like any other. The given model and its configs are left as they were."""
+    config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    copy = type(model)(config).to(model.get_output_embeddings().weight.dtype)
-    copy.load_state_dict(model.state_dict())
-    copy.generation_config = model.generation_config
-    return copy.eval()
+    plain = type(model)(config).to(model.get_output_embeddings().weight.dtype)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain.eval()
