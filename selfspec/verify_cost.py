@@ -62,10 +62,12 @@ class LearnedVerifyCost:
     Called like a `VerifyCost`; `snapshot()` freezes it, `save()` keeps it for the next process.
 
     Defaults: decay 0.98 remembers about 50 steps (the cost drifts slowly as the context grows, while single steps
-    are noisy); the start curve is worth 8 steps (it is a measurement or a cautious prior, not a guess).
+    are noisy). The ridge's weight 0.1 is a tenth of one step's evidence at one prior unit of extra cost: enough to
+    fix the shape when k never varies, small next to the spread that varied k's give (50 steps over k = 0 .. 8 weigh
+    about 5), so those teach the slope with a bias of about 2 % (tests/selfspec/test_verify_cost.py).
     """
 
-    def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 8.0):
+    def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 0.1):
         self.start, self.path = start, path
         self.decay, self.prior_weight = decay, prior_weight
         self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds

@@ -1,0 +1,90 @@
+"""The verify-cost curve: learned from scripted step timings, kept on disk per model/device/dtype/threads, never
+measured up front (the first call of a process pays no measuring pause), and a broken cache file is ignored."""
+import json
+
+import pytest
+import torch
+
+import selfspec.verify_cost as verify_cost
+from selfspec import SelfSpecModel
+from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, cache_dir, cost_key, prior_verify_cost
+from selfspec.target import TargetModel
+from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+
+CPU = torch.device("cpu")
+
+
+def test_learned_curve_recovers_scripted_timings():
+    start = prior_verify_cost(CPU)
+    learned = LearnedVerifyCost(start)
+    for step in range(300):
+        k = step % 9
+        learned.observe(k, 0.002 * (1 + 0.25 * (start(k) - 1)))  # a flatter device than the prior assumes
+    assert learned.decode_seconds == pytest.approx(0.002, rel=0.03)
+    assert learned.scale == pytest.approx(0.25, rel=0.15)  # the ridge towards the start curve biases it a little
+    assert learned(0) == 1.0 and learned(8) == pytest.approx(1 + 0.25 * (start(8) - 1), rel=0.03)
+
+
+def test_one_k_only_keeps_the_start_shape_and_learns_the_scale_of_a_decode():
+    start = prior_verify_cost(CPU)
+    learned = LearnedVerifyCost(start)
+    for _ in range(50):
+        learned.observe(3, 0.003)
+    assert learned.scale == pytest.approx(1.0, abs=1e-6)
+    assert learned.decode_seconds == pytest.approx(0.003 / start(3), rel=1e-6)
+
+
+def test_the_prior_is_concave_and_steeper_on_a_cpu():
+    cpu, gpu = prior_verify_cost(CPU), prior_verify_cost(torch.device("cuda"))
+    steps = [cpu(k + 1) - cpu(k) for k in range(8)]
+    assert all(a >= b for a, b in zip(steps, steps[1:])) and cpu(0) == gpu(0) == 1.0
+    assert all(cpu(k) > gpu(k) for k in range(1, 9))
+
+
+def test_cache_dir_follows_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"
+    monkeypatch.delenv("SELFSPEC_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_dir() == tmp_path / "xdg" / "selfspec"
+
+
+def test_first_call_measures_nothing_and_the_next_process_starts_from_the_kept_curve(monkeypatch):
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("auto must not measure the curve up front")
+
+    monkeypatch.setattr(verify_cost, "measure_verify_cost", no_measuring)
+    model = tiny_model("llama", seed=1)
+    spec = SelfSpecModel(model, drafter="ngram")
+    spec.generate(repetitive_prompt(20, seed=2), max_new_tokens=30, eos_token_id=[])  # default: auto
+    kept = json.loads(next((cache_dir() / "verify_cost").glob("*.json")).read_text())
+    assert kept["relative"] == pytest.approx(list(spec.verify_cost().relative)) and kept["decode_seconds"] > 0
+    fresh = SelfSpecModel(model, drafter="ngram").verify_cost()  # as a new process would find it
+    assert fresh.start.relative == pytest.approx(kept["relative"]) and fresh.decode_seconds == kept["decode_seconds"]
+
+
+def test_a_fixed_k_never_touches_the_cache():
+    SelfSpecModel(tiny_model("llama"), drafter="ngram").generate(random_prompt(), max_new_tokens=5, num_draft_tokens=3)
+    assert not (cache_dir() / "verify_cost").exists()
+
+
+def test_the_key_names_dtype_and_threads():
+    key = cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)))
+    assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float32)))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)))
+    finally:
+        torch.set_num_threads(threads)
+    assert key == cost_key(TargetModel(tiny_model("llama", seed=9)))  # the weights' values do not matter
+
+
+@pytest.mark.parametrize("content", ["not json", '{"relative": [2.0, 1.0], "decode_seconds": 1}', '{"x": 1}'])
+def test_a_broken_cache_file_falls_back_to_the_prior(content):
+    target = TargetModel(tiny_model("llama"))
+    path = cache_dir() / "verify_cost" / f"{cost_key(target)}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    assert verify_cost.learned_verify_cost(target).start == prior_verify_cost(CPU)
+    assert isinstance(verify_cost.learned_verify_cost(target).start, VerifyCost)
