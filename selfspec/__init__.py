@@ -9,6 +9,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 _EXPORTS = {
+    "DecodeOptions": "selfspec.engine",
     "Draft": "selfspec.drafters",
     "DraftContext": "selfspec.drafters",
     "Drafter": "selfspec.drafters",
@@ -36,7 +37,7 @@ def __dir__():
 
 if TYPE_CHECKING:
     from selfspec.drafters import Draft, DraftContext, Drafter
-    from selfspec.engine import GenerateOutput, SelfSpecModel
+    from selfspec.engine import DecodeOptions, GenerateOutput, SelfSpecModel
     from selfspec.sampling import SamplingConfig
     from selfspec.stats import GenerationStats
     from selfspec.streaming import StreamPiece, TokenStream

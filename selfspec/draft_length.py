@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from selfspec.verify_cost import VerifyCost, measure_verify_cost  # noqa: F401  (re-exported for older imports)
+from selfspec.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
+    VerifyCost, _non_decreasing, measure_verify_cost,
+)
 
 
 class CostCurve(Protocol):
