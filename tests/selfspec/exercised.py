@@ -12,6 +12,7 @@ from collections.abc import Iterable
 import torch
 
 from heads import MedusaHeads
+from selfspec.sampling import logits_to_probs
 from tests.conftest import tiny_model
 
 
@@ -43,15 +44,16 @@ def assert_exercised(stats, drafted: bool = True, accepted: bool = True, rejecte
 class RecordingDrafter:
     """Wraps a drafter object and records each step's (asked, proposed) counts and the context it was given."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, keep_contexts: bool = False):
         self.inner = inner
         self.steps: list[tuple[int, int]] = []  # (num_draft_tokens asked for, tokens proposed)
-        self.contexts = []
+        self.contexts = [] if keep_contexts else None
 
     def propose(self, context):
         draft = self.inner.propose(context)
         self.steps.append((context.num_draft_tokens, draft.num_draft_tokens))
-        self.contexts.append(context)
+        if self.contexts is not None:
+            self.contexts.append(context)
         return draft
 
     def observe(self, num_drafted, num_accepted):
@@ -131,3 +133,26 @@ def scrambled_model(family, seed=0, **kwargs):
             if p.dim() == 2 and p is not model.get_input_embeddings().weight:
                 p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.2)
     return model
+
+
+@torch.no_grad()
+def exit_probs(target, sequence: torch.Tensor, exit_layer: int, adapter=None, sampling=None) -> torch.Tensor:
+    """[T, vocab] the early-exit draft distribution (plain softmax, or warped by `sampling`) at each position of
+    `sequence` [T], as the early-exit drafter computes it."""
+    hidden = target.exit_forward(sequence, target.new_cache(), exit_layer)  # [T, hidden]
+    if adapter is not None:
+        hidden = adapter(hidden)
+    logits = target.logits(target.final_norm(hidden))
+    return logits.float().softmax(dim=-1) if sampling is None else logits_to_probs(logits, sampling)
+
+
+def exit_confidences(target, sequence: torch.Tensor, exit_layer: int, adapter=None, sampling=None) -> torch.Tensor:
+    """[T] top probability of the early-exit draft distribution: what min_draft_confidence is compared with."""
+    return exit_probs(target, sequence, exit_layer, adapter, sampling).amax(dim=-1)
+
+
+@torch.no_grad()
+def head_confidences(heads, model, sequence: torch.Tensor) -> torch.Tensor:
+    """[T, num_heads] top probability of each Medusa head's (greedy) distribution at each position of `sequence`."""
+    hidden = model.get_decoder()(input_ids=sequence[None]).last_hidden_state[0]
+    return heads(hidden, model.get_output_embeddings()).float().softmax(dim=-1).amax(dim=-1)

@@ -7,7 +7,11 @@ from heads import MedusaHeads
 from selfspec import Draft, SelfSpecModel
 from selfspec.draft_length import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
 from selfspec.target import TargetModel
+from selfspec.drafters import MedusaDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+from tests.selfspec.exercised import (
+    RecordingDrafter, assert_exercised, head_confidences, scrambled_model, sharpened, trained_heads,
+)
 
 CPU_LIKE = VerifyCost(tuple(1 + 0.15 * k for k in range(9)))  # FACTS.md: verifying 5 ~ 1.6-1.9 decode steps
 GPU_LIKE = VerifyCost((1.0,) * 9)
@@ -144,23 +148,27 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
 
 
 def test_medusa_confidence_threshold_drafts_fewer_and_stays_exact():
-    model = tiny_model("qwen2", seed=6)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(8.0)  # a random tiny model is nearly uniform: give the heads some confidence
-    heads = MedusaHeads.for_model(model, num_heads=4)
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
+    """Thresholds 0, the median confidence of heads 2..4 along the output, and 1: fewer and fewer drafts, the output
+    unchanged; at the median, chains stop after some heads (not only before the first) and drafts are accepted.
+    Catches (planted): the threshold ignored; heads kept up to and including the first unsure one."""
+    model = sharpened(scrambled_model("qwen2", seed=6), 4.0)  # same argmax; heads through its LM head get confident
     prompt = random_prompt(9, seed=7)
     expected = model.generate(
         prompt, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
     )
+    heads = trained_heads(model, [expected[0, :24]])  # right early, wrong later
+    median = float(head_confidences(heads, model, expected[0])[:, 1:].median())
     drafted = {}
-    for threshold in (0.0, 0.2, 1.0):
-        out = SelfSpecModel(model, heads=heads, min_draft_confidence=threshold).generate(
-            prompt, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[]
-        )
+    for threshold in (0.0, median, 1.0):
+        drafter = RecordingDrafter(MedusaDrafter(heads, min_draft_confidence=threshold), keep_contexts=True)
+        out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[])
         assert torch.equal(out.sequences, expected)
         drafted[threshold] = out.stats.drafted
-    assert drafted[0.0] > drafted[0.2] > drafted[1.0] == 0
+        if threshold == median:
+            assert_exercised(out.stats)
+            assert drafter.stopped_mid_chain() > 0, drafter.steps
+            for (asked, proposed), context in zip(drafter.steps, drafter.contexts):  # the heads before the first unsure
+                with torch.no_grad():
+                    sure = heads(context.hidden_state, model.lm_head).softmax(dim=-1).amax(dim=-1) >= threshold
+                assert proposed == min(asked, int(sure.long().cumprod(0).sum()))
+    assert drafted[0.0] > drafted[median] > drafted[1.0] == 0

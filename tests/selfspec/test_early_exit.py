@@ -1,4 +1,6 @@
 """Early exit is exact (greedy and sampled), shares the cache and the work with verification, and fails clearly."""
+from collections import Counter
+
 import pytest
 import torch
 import transformers
@@ -6,10 +8,11 @@ import transformers
 import selfspec.cache
 from heads.exit_adapter import ExitAdapter
 from selfspec import SelfSpecModel
-from selfspec.sampling import SamplingConfig
+from selfspec.sampling import SamplingConfig, logits_to_probs
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
-from tests.selfspec.exercised import scrambled_model
+from selfspec.drafters.early_exit import EarlyExitDrafter
+from tests.selfspec.exercised import RecordingDrafter, assert_exercised, exit_confidences, exit_probs, scrambled_model, sharpened
 
 FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "phi3", "gpt2"]
 
@@ -31,25 +34,37 @@ def reference(model, prompt, max_new_tokens):
     )
 
 
+def early_exit(model, exit_layer, adapter=None, min_draft_confidence=0.0, share_work=True):
+    """An engine whose early-exit drafter records each step's asked/proposed counts (`engine.drafter.steps`)."""
+    target = SelfSpecModel(model, drafter="none").target
+    drafter = EarlyExitDrafter(target, exit_layer, adapter, min_draft_confidence, share_work)
+    return SelfSpecModel(model, drafter=RecordingDrafter(drafter))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_equals_model_generate(family):
-    model = scrambled_model(family, num_layers=4, seed=1)
+    """Every case drafts and has drafts accepted; some are rejected; the confidence case (threshold: the median
+    confidence of layer 1's drafts along this very output) stops chains midway and before the first draft.
+    Catches (planted): the confidence stop keeping one exit state too few (verification cannot resume)."""
+    model = sharpened(scrambled_model(family, num_layers=4, seed=1), 4.0)  # same argmax, confident enough to stop
     prompt = random_prompt(9, seed=2)
     expected = reference(model, prompt, 30)
+    median_confidence = float(exit_confidences(SelfSpecModel(model, drafter="none").target, expected[0], 1).median())
     cases = [  # (exit_layer, num_draft_tokens, adapter, min_draft_confidence)
         (1, 1, None, 0.0), (2, 3, None, 0.0), (3, 5, None, 0.0), (2, 4, randomized_adapter(model, 2), 0.0),
-        (1, 6, None, 0.2),
+        (1, 6, None, median_confidence),
     ]
-    rejected = 0
+    all_stats = []
     for exit_layer, k, adapter, confidence in cases:
-        spec = SelfSpecModel(
-            model, drafter="early_exit", exit_layer=exit_layer, adapter=adapter, min_draft_confidence=confidence
-        )
+        spec = early_exit(model, exit_layer, adapter, confidence)
         out = spec.generate(prompt, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[])
-        assert torch.equal(out.sequences, expected), (exit_layer, k, adapter is not None)
+        case = (exit_layer, k, adapter is not None, confidence)
+        assert torch.equal(out.sequences, expected), case
         assert out.stats.accepted + out.stats.target_forwards == 30
-        rejected += out.stats.drafted - out.stats.accepted
-    assert rejected > 0  # the drafts were not all trivially right
+        assert_exercised(out.stats, rejected=False, what=str(case))
+        all_stats.append(out.stats)
+    assert_exercised(all_stats)  # the drafts were not all trivially right
+    assert spec.drafter.stopped_mid_chain() > 0 and spec.drafter.stopped_at_once() > 0, spec.drafter.steps
 
 
 def test_adapter_from_a_directory(tmp_path):
@@ -64,7 +79,9 @@ def test_adapter_from_a_directory(tmp_path):
 
 def test_sampled_early_exit_follows_the_model_law():
     """Engine samples match the exact law of a 4-token continuation (vocabulary of 6, top-3: 81 outcomes). Drafts of
-    two tokens test the autoregressive draft law; 1000 samples catch draft_probs misreported as q**0.3 (p ~ 1e-8)."""
+    two tokens test the autoregressive draft law; 1000 samples catch draft_probs misreported as q**0.3 (p ~ 1e-8).
+    The confidence threshold is the median warped confidence of the adapted exit along a sample, so chains stop
+    midway as well as before their first draft (a top-3 distribution never has a top probability below 1/3)."""
     model = tiny_model("llama", vocab_size=6, hidden=16, num_layers=2, seed=0)
     with torch.no_grad():
         model.lm_head.weight.mul_(6.0)  # sharp distributions, so a wrong draft law would show
@@ -72,19 +89,33 @@ def test_sampled_early_exit_follows_the_model_law():
     sampling = SamplingConfig(do_sample=True, temperature=0.8, top_k=3)
     law = exact_continuation_law(model, prompt, 4, sampling)
     # The adapter and the confidence stop change which drafts are proposed and how many; never the law.
-    spec = SelfSpecModel(
-        model, drafter="early_exit", exit_layer=1, adapter=randomized_adapter(model, 1), min_draft_confidence=0.3
-    )
+    adapter = randomized_adapter(model, 1)
+    target = SelfSpecModel(model, drafter="none").target
+    # The threshold lies between the confidence of a first draft and that of a second draft that can follow it, so
+    # the first step (the only one of 2 drafts here) can draft one token and stop; other pending tokens stop at once.
+    first = logits_to_probs(model(prompt).logits[0, -1:], sampling)[0].nonzero()[:, 0]  # the pending token's support
+    pairs = []  # (first draft's confidence, a following second draft's confidence), where the second is lower
+    for pending in first:
+        context = torch.cat([prompt[0], pending[None]])
+        probs = exit_probs(target, context, 1, adapter, sampling)[-1]
+        for draft in probs.nonzero()[:, 0]:
+            second = exit_confidences(target, torch.cat([context, draft[None]]), 1, adapter, sampling)[-1]
+            if second < probs.max():
+                pairs.append((float(probs.max()), float(second)))
+    high, low = max(pairs, key=lambda pair: pair[0] - pair[1])
+    threshold = (high + low) / 2
+    spec = early_exit(model, 1, adapter, threshold)
     generator = torch.Generator().manual_seed(0)
-    samples, drafted, accepted = [], 0, 0
+    samples, stats = [], []
     for _ in range(1000):
         out = spec.generate(
             prompt, max_new_tokens=4, do_sample=True, temperature=0.8, top_k=3, num_draft_tokens=2,
             generator=generator, eos_token_id=[],
         )
         samples.append(tuple(out.sequences[0, prompt.shape[1]:].tolist()))
-        drafted, accepted = drafted + out.stats.drafted, accepted + out.stats.accepted
-    assert drafted > 1000 and 0 < accepted < drafted  # drafts were proposed, some kept, some rejected
+        stats.append(out.stats)
+    assert_exercised(stats)  # drafts were proposed, some kept, some rejected
+    assert spec.drafter.stopped_mid_chain() > 0 and spec.drafter.stopped_at_once() > 0, Counter(spec.drafter.steps)
     assert law_pvalue(samples, law) > 1e-3
 
 
@@ -142,15 +173,23 @@ def test_verification_reuses_the_drafted_layers(family, share_work):
 
 
 def test_confidence_threshold_drafts_fewer():
-    model = tiny_model("llama", num_layers=4, seed=8)
+    """Thresholds 0, the median confidence of the exit layer's drafts along the output, and 1: fewer and fewer drafts,
+    output unchanged; at the median, chains stop midway and drafts are still accepted.
+    Catches (planted): the threshold ignored (drafted equal at 0 and at the median)."""
+    model = sharpened(scrambled_model("llama", num_layers=4, seed=8), 4.0)
     prompt = random_prompt(9, seed=9)
+    expected = reference(model, prompt, 20)
+    median = float(exit_confidences(SelfSpecModel(model, drafter="none").target, expected[0], 2).median())
     drafted = {}
-    for threshold in (0.0, 0.5, 1.0):
-        spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2, min_draft_confidence=threshold)
+    for threshold in (0.0, median, 1.0):
+        spec = early_exit(model, 2, min_draft_confidence=threshold)
         out = spec.generate(prompt, max_new_tokens=20, num_draft_tokens=4, eos_token_id=[])
-        assert torch.equal(out.sequences, reference(model, prompt, 20))
+        assert torch.equal(out.sequences, expected)
         drafted[threshold] = out.stats.drafted
-    assert drafted[0.0] > drafted[0.5] and drafted[1.0] == 0
+        if threshold == median:
+            assert_exercised(out.stats, rejected=False)
+            assert spec.drafter.stopped_mid_chain() > 0, spec.drafter.steps
+    assert drafted[0.0] > drafted[median] > drafted[1.0] == 0
 
 
 @pytest.mark.parametrize("exit_layer", [0, 4, -1, 2.0, True, None])

@@ -124,7 +124,7 @@ def test_medusa_drafts_from_the_hidden_state_of_the_last_accepted_position():
     model = scrambled_model("llama", seed=4)
     prompt = random_prompt(9, seed=13)
     heads = agreeing_heads(model, [prompt], num_new=20)  # trained on the first 20 tokens only: wrong later
-    drafter = RecordingDrafter(MedusaDrafter(heads, min_draft_confidence=0.0))
+    drafter = RecordingDrafter(MedusaDrafter(heads, min_draft_confidence=0.0), keep_contexts=True)
     out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=40, num_draft_tokens=4, eos_token_id=[])
     assert torch.equal(out.sequences, reference(model, prompt, 40, eos_token_id=None))
     assert_exercised(out.stats)
