@@ -200,8 +200,9 @@ class SelfSpecModel:
         buffer = prompt.new_empty(prompt.shape[0] + stop.max_new_tokens)  # [tokens]: committed ids, then the pending one
         buffer[: prompt.shape[0]] = prompt
         recorder.start()
-        unseen = target.forward(prompt, cache)  # [T, hidden]: states the drafter has not seen; the last predicts next
-        first, _ = draw(target.logits(unseen[-1:]), sampling, generator)  # [1], as plain decoding chooses it
+        hidden = target.forward(prompt, cache)  # [T, hidden]; the last row predicts the first new token
+        unseen = [hidden]  # [num_new_i, hidden] pieces of final states the drafter has not seen yet, oldest first
+        first, _ = draw(target.logits(hidden[-1:]), sampling, generator)  # [1], as plain decoding chooses it
         next_token, num_tokens = int(first[0]), prompt.shape[0]
         emitted = stop.admit([next_token])
         recorder.prefilled(stop.num_emitted, cache.nbytes())
@@ -222,7 +223,7 @@ class SelfSpecModel:
             accepted = draft.tokens[: verdict.num_accepted]
             buffer[num_tokens : num_tokens + verdict.num_accepted] = accepted
             num_tokens += verdict.num_accepted
-            unseen = torch.cat([unseen, hidden_all[: verdict.num_accepted + 1]])  # the last predicts the next token
+            unseen.append(hidden_all[: verdict.num_accepted + 1])  # the last row predicts the next token
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
@@ -232,13 +233,16 @@ class SelfSpecModel:
         if self._verify_cost is not None:
             self._verify_cost.save()
 
-    def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache) -> tuple[Draft, torch.Tensor]:
-        """The drafter's proposal and what it has still not seen ([0, hidden] once it was asked; at k = 0 it is not
-        asked, and the states wait for its next proposal)."""
+    def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache) -> tuple[Draft, list]:
+        """The drafter's proposal and the states it has still not seen (none once it was asked; at k = 0 it is not
+        asked, and they wait for its next proposal: a list, so waiting costs no copying)."""
         if num_draft_tokens <= 0:
             return Draft.empty(token_ids.device), unseen
-        context = DraftContext(token_ids, unseen[-1], unseen, num_draft_tokens, sampling, generator, self.target, cache)
-        return self.drafter.propose(context), unseen[:0]
+        hidden_states = torch.cat(unseen) if len(unseen) > 1 else unseen[0]  # [num_new, hidden]
+        context = DraftContext(
+            token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache
+        )
+        return self.drafter.propose(context), []
 
     def _observe(self, policy, draft: Draft, verdict: Verdict, seconds: float, verify_seconds: float) -> None:
         """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
