@@ -11,26 +11,39 @@ from selfspec.sampling import SamplingConfig, logits_to_probs
 
 
 @torch.no_grad()
-def exact_continuation_law(model, prompt: torch.Tensor, num_new: int, sampling: SamplingConfig) -> dict[tuple, float]:
-    """P(x_1..x_num_new | prompt) under `sampling`, for every continuation, from full (cache-free) forwards."""
+def exact_continuation_law(
+    model, prompt: torch.Tensor, num_new: int, sampling: SamplingConfig, ends=None
+) -> dict[tuple, float]:
+    """P(x_1..x_n | prompt) under `sampling`, for every continuation, from full (cache-free) forwards.
+
+    ends(continuation) -> True where generation stops early (an EOS, a completed stop string): such a continuation
+    is final, shorter than num_new.
+    """
     vocab = model.get_output_embeddings().weight.shape[0]
-    law = {(): 1.0}
+    open_, final = {(): 1.0}, {}
     for _ in range(num_new):
-        prefixes = list(law)
+        if not open_:
+            break
+        prefixes = list(open_)
         batch = torch.stack([torch.cat([prompt[0], prompt.new_tensor(p)]) for p in prefixes])  # [n, len]
         probs = logits_to_probs(model(batch).logits[:, -1], sampling)  # [n, vocab]
-        law = {
-            p + (t,): law[p] * float(probs[i, t])
+        grown = {
+            p + (t,): open_[p] * float(probs[i, t])
             for i, p in enumerate(prefixes)
             for t in range(vocab)
             if probs[i, t] > 0
         }
-    return law
+        open_ = {}
+        for continuation, mass in grown.items():
+            (final if ends is not None and ends(continuation) else open_)[continuation] = mass
+    return {**final, **open_}
 
 
 def law_pvalue(samples: list[tuple], law: dict[tuple, float]) -> float:
     """Chi-square p-value of `samples` against `law`; outcomes expected < 5 times are pooled into one cell."""
     n = len(samples)
+    total = sum(law.values())  # 1 up to rounding (float32 probabilities of a half-precision model)
+    law = {outcome: p / total for outcome, p in law.items()}
     counts: dict[tuple, int] = {}
     for s in samples:
         assert s in law, f"sampled {s}, which has probability 0 under the model"

@@ -13,6 +13,7 @@ from selfspec.sampling import SamplingConfig
 from selfspec.verifier import Verdict, verify_sampled
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import assert_exercised
 
 VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 2000
 PROMPT = torch.tensor([[3, 1, 2, 3, 1]])  # repeats, so the n-gram drafter proposes something
@@ -35,18 +36,24 @@ def randomized_heads(model, seed=1):
     return heads
 
 
-def engine_samples(spec, sampling: SamplingConfig, num_draft_tokens=2, seed=0):
+def engine_samples(spec, sampling: SamplingConfig, num_draft_tokens=2, seed=0, num_samples=NUM_SAMPLES,
+                   prompt=PROMPT, num_new=NUM_NEW, eos_token_id=(), stop_strings=None, exercised=True):
+    """`num_samples` continuations; asserts (unless told not to) that drafts were proposed on most of them and that
+    some were accepted and some rejected. Returns (samples, stats)."""
     generator = torch.Generator().manual_seed(seed)
-    samples, drafted = [], 0
-    for _ in range(NUM_SAMPLES):
+    samples, stats = [], []
+    for _ in range(num_samples):
         out = spec.generate(
-            PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
-            top_p=sampling.top_p, num_draft_tokens=num_draft_tokens, generator=generator, eos_token_id=[],
+            prompt, max_new_tokens=num_new, do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k,
+            top_p=sampling.top_p, num_draft_tokens=num_draft_tokens, generator=generator, eos_token_id=list(eos_token_id),
+            stop_strings=stop_strings,
         )
-        samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
-        drafted += out.stats.drafted
-    assert drafted > NUM_SAMPLES, "the drafter must actually propose tokens for this test to mean anything"
-    return samples
+        samples.append(tuple(out.sequences[0, prompt.shape[1]:].tolist()))
+        stats.append(out.stats)
+    if exercised:
+        assert sum(s.drafted for s in stats) > num_samples, "the drafter must propose tokens for this test to mean anything"
+        assert_exercised(stats)
+    return samples, stats
 
 
 SAMPLINGS = {
@@ -63,7 +70,7 @@ def test_samples_follow_the_model_law(drafter, name):
     model = sharp_model()
     spec = SelfSpecModel(model, drafter=drafter, heads=randomized_heads(model) if drafter == "medusa" else None)
     law = exact_continuation_law(model, PROMPT, NUM_NEW, SAMPLINGS[name])
-    assert law_pvalue(engine_samples(spec, SAMPLINGS[name]), law) > 1e-3
+    assert law_pvalue(engine_samples(spec, SAMPLINGS[name])[0], law) > 1e-3
 
 
 def resample_from_target(draft_tokens, draft_probs, target_probs, generator=None):
@@ -86,4 +93,4 @@ def test_the_same_test_fails_for_a_planted_verifier_bug(monkeypatch, bug):
     monkeypatch.setattr(selfspec.engine, "verify_sampled", bug)
     sampling = SAMPLINGS["t1"]
     law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
-    assert law_pvalue(engine_samples(spec, sampling), law) < 1e-6
+    assert law_pvalue(engine_samples(spec, sampling, exercised=False)[0], law) < 1e-6
