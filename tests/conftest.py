@@ -1,5 +1,7 @@
 """Shared fixtures: tiny random decoders built in code (no downloads), one torch thread (tiny models run fastest
-on one, and tests must not fight a benchmark or training job for cores)."""
+on one, and tests must not fight a benchmark or training job for cores), and a private selfspec cache directory per
+test (the verify-cost curves `num_draft_tokens="auto"` keeps), so no test reads what another run learned and none
+writes into the user's ~/.cache."""
 from __future__ import annotations
 
 import pytest
@@ -53,6 +55,11 @@ def repetitive_prompt(length: int = 24, vocab_size: int = VOCAB, period: int = 5
     """[1, length] a repeated random phrase: gives the n-gram drafter something to find."""
     phrase = random_prompt(period, vocab_size, seed)[0]
     return phrase.repeat(length // period + 1)[:length][None]
+
+
+@pytest.fixture(autouse=True)
+def _private_selfspec_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("selfspec-cache")))
 
 
 @pytest.fixture(params=["llama", "qwen2", "gpt2"])

@@ -34,8 +34,9 @@ class ChatDataSettings:
     max_new_tokens: int = 192  # SmolLM2's replies often run longer; 192 keeps a batch's tail short
     batch_size: int = 32  # batched greedy decoding: ~280 tokens/s on 2 threads for SmolLM2 (FACTS.md)
     sampled_every: int = 3  # every third batch is sampled (T=0.7, top-p 0.9), the rest greedy
-    threads: int = 0  # 0: every core
+    threads: int = 0  # 0: every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)
     seed: int = 0
+    first_prompt: int = 0  # skip this many prompts of the shuffled order (to extend a dataset with new prompts)
 
 
 def parse_args(argv=None) -> ChatDataSettings:
@@ -118,7 +119,7 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
     norm = TargetModel(model).parts.norm  # the module whose output the LM head reads
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = prompt_sets.train_prompts(settings.seed)
+    prompts = prompt_sets.train_prompts(settings.seed)[settings.first_prompt :]
     meta = {"settings": asdict(settings), "base": asdict(BaseIdentity.of(model)), "shards": [], "records": 0,
             "tokens": 0, "reply_tokens": 0, "seconds": 0.0}
     records = []

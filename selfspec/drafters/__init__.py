@@ -2,20 +2,39 @@
 extra modules (Medusa heads, an exit adapter)."""
 from __future__ import annotations
 
+import os
+
 from selfspec.drafters.base import Draft, DraftContext, Drafter, NoDrafter, drafter_parameter_bytes
 from selfspec.drafters.medusa import MedusaDrafter
 from selfspec.drafters.ngram import NgramDrafter
 
-DRAFTER_NAMES = ("medusa", "ngram", "early_exit", "none")
+DRAFTER_NAMES = ("medusa", "eagle", "ngram", "early_exit", "none")
+HEAD_DRAFTERS = ("medusa", "eagle")
+
+
+def heads_kind(heads) -> str:
+    """"eagle" or "medusa": what a heads module or directory holds (a directory says so in its config.json)."""
+    from heads.eagle import FORMAT_NAME as EAGLE_FORMAT
+    from heads.eagle import EagleHead
+
+    if isinstance(heads, EagleHead):
+        return "eagle"
+    if isinstance(heads, (str, os.PathLike)):
+        from heads.checkpoint import read_config
+
+        raw = read_config(heads, "a heads directory")
+        return "eagle" if raw.get("format") == EAGLE_FORMAT or raw.get("kind") == "eagle" else "medusa"
+    return "medusa"
 
 
 def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Drafter:
-    """A drafter from its name (or a ready drafter object) and its options; `heads` go to the Medusa drafter."""
+    """A drafter from its name (or a ready drafter object) and its options; `heads` go to the drafter of their
+    kind (Medusa heads or an EAGLE head, chosen from the heads themselves when no drafter is named)."""
     options = options or {}
     if drafter is None:
-        drafter = "medusa" if heads is not None else "ngram"
-    if heads is not None and drafter != "medusa":
-        raise ValueError(f"heads only draft with drafter='medusa', not {drafter!r}: drop heads=... or the drafter")
+        drafter = heads_kind(heads) if heads is not None else "ngram"
+    if heads is not None and drafter not in HEAD_DRAFTERS:
+        raise ValueError(f"heads draft with drafter='medusa' or 'eagle', not {drafter!r}: drop heads=... or the drafter")
     if not isinstance(drafter, str):
         if options:
             raise ValueError(f"drafter options {sorted(options)} only apply to a drafter given by name")
@@ -32,6 +51,10 @@ def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Dr
                 "`python -m training.heads`, or use drafter='ngram' (no parameters)"
             )
         return MedusaDrafter(heads, target.model, **options)
+    if drafter == "eagle":
+        from selfspec.drafters.eagle import EagleDrafter
+
+        return EagleDrafter(target, heads, **options)
     if drafter == "ngram":
         return NgramDrafter(**options)
     if drafter == "none":

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
-from selfspec.sampling import SamplingConfig
+from heads.draft_vocab import full_vocab_probs
+from selfspec.sampling import SamplingConfig, draw
 
 if TYPE_CHECKING:
     from selfspec.cache import KVCache
@@ -61,6 +62,19 @@ class Drafter(Protocol):
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """Learn how many of the last proposal's tokens the verifier accepted (may do nothing)."""
         ...
+
+
+def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.Tensor | None = None):
+    """[..., N] draft logits (over `draft_vocab`, or the full vocabulary when it is None) -> ([...] token ids in the
+    model's vocabulary, [..., vocab] draft_probs with zeros outside the draft vocabulary, or None when greedy).
+
+    Drafts are drawn by `sampling.draw`, warped as the target is; a draft vocabulary only narrows where draft mass
+    may sit, and the verifier returns the target's mass elsewhere through the residual."""
+    tokens, probs = draw(logits, context.sampling, context.generator)
+    if draft_vocab is None:
+        return tokens, probs
+    tokens = draft_vocab[tokens]
+    return tokens, None if probs is None else full_vocab_probs(probs, draft_vocab, context.target.vocab_size)
 
 
 def drafter_parameter_bytes(drafter) -> int:

@@ -9,13 +9,10 @@ to the exact verifier.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from heads.draft_vocab import full_vocab_probs
-from selfspec.drafters.base import Draft, DraftContext
-from selfspec.sampling import greedy_tokens, logits_to_probs, sample_from
+from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module
+from selfspec.sampling import top_probability
 
 
 class EagleDrafter:
@@ -23,15 +20,12 @@ class EagleDrafter:
     probability falls below this (0 = never)."""
 
     def __init__(self, target, head, min_draft_confidence: float = 0.0):
-        from heads.checkpoint import attach
         from heads.eagle import EagleHead
 
-        if isinstance(head, (str, os.PathLike)):
-            head = EagleHead.from_pretrained(head, model=target.model)
-        elif isinstance(head, EagleHead):
-            head = attach(head, target.model, head.config.base, "the EAGLE head")
-        else:
-            raise TypeError(f"drafter='eagle' needs an EagleHead or its directory, got {type(head).__name__}")
+        if head is None:
+            raise ValueError("drafter='eagle' needs heads=EagleHead or its directory; train one with "
+                             "`python -m training.heads --kind eagle`")
+        head = load_extra_module(head, target.model, EagleHead, "the EAGLE head")
         if not 0.0 <= min_draft_confidence <= 1.0:
             raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
         self.head = head.eval()
@@ -42,8 +36,8 @@ class EagleDrafter:
         self._real_length = 0  # head cache entries computed from the base's real features
 
     @property
-    def extra_modules(self) -> list[torch.nn.Module]:
-        return [self.head]
+    def extra_modules(self) -> tuple:
+        return (self.head,)
 
     def propose(self, context: DraftContext) -> Draft:
         new_features = context.hidden_states  # [num_new, hidden] real features of the newly committed positions
@@ -64,18 +58,13 @@ class EagleDrafter:
         tokens, draft_probs = [], []
         for step in range(context.num_draft_tokens):
             logits = context.target.logits(feature, vocab_ids=self.draft_vocab)  # [1, N]
-            if context.sampling.greedy:
-                choice, probs = greedy_tokens(logits), None
-                confidence = logits.float().softmax(-1).amax() if self.min_draft_confidence else None
-            else:
-                probs = logits_to_probs(logits, context.sampling)  # [1, N], warped as the target's
-                choice, confidence = sample_from(probs, context.generator), probs.amax()
-            if self.min_draft_confidence and float(confidence) < self.min_draft_confidence:
+            token, probs = draw_draft(logits, context, self.draft_vocab)  # [1] model ids, [1, vocab] or None
+            # Drawn before the confidence check, which only decides how many drafts are proposed, never which.
+            if self.min_draft_confidence and float(top_probability(logits, probs)) < self.min_draft_confidence:
                 break
-            token = choice if self.draft_vocab is None else self.draft_vocab[choice]  # [1] id in the base vocabulary
             tokens.append(token)
             if probs is not None:
-                draft_probs.append(full_vocab_probs(probs, self.draft_vocab, context.target.vocab_size))
+                draft_probs.append(probs)
             if step + 1 < context.num_draft_tokens:
                 position = torch.full((1, 1), num_tokens - 1 + step, device=token.device)
                 feature = self.head(feature[None], self.embed(token)[None], position, self._cache)[0]

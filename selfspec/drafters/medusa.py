@@ -6,8 +6,10 @@ The drafter owns its heads: it loads them (or checks given ones against the mode
 """
 from __future__ import annotations
 
-from selfspec.drafters.base import Draft, DraftContext, load_extra_module
-from selfspec.sampling import draw, top_probability
+from functools import partial
+
+from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module
+from selfspec.sampling import top_probability
 
 
 class MedusaDrafter:
@@ -39,8 +41,12 @@ class MedusaDrafter:
         num_draft_tokens = min(context.num_draft_tokens, self.heads.num_heads)
         if num_draft_tokens == 0:
             return Draft.empty(context.token_ids.device)
-        logits = self.heads(context.hidden_state, context.target.logits, num_draft_tokens)  # [num_draft_tokens, vocab]
-        tokens, draft_probs = draw(logits, context.sampling, context.generator)  # [k], [k, vocab] or None
+        draft_vocab = self.heads.draft_vocab  # [N] ids or None: a shared LM head projects onto those rows only
+        project = context.target.logits if draft_vocab is None else partial(context.target.logits, vocab_ids=draft_vocab)
+        logits = self.heads(context.hidden_state, project, num_draft_tokens)  # [num_draft_tokens, N or vocab]
+        if draft_vocab is not None and not self.heads.config.share_lm_head:
+            logits = logits[..., draft_vocab]  # own full-vocabulary projections: keep the draft vocabulary's columns
+        tokens, draft_probs = draw_draft(logits, context, draft_vocab)  # [k], [k, vocab] or None
         if self.min_draft_confidence:
             confidence = top_probability(logits, draft_probs)  # [num_draft_tokens]
             # Only the number proposed changes (not which tokens, nor their law): the verifier stays exact.

@@ -1,0 +1,159 @@
+"""EAGLE drafts through the engine: greedy output equals `model.generate`, sampled output has the model's law (also
+with a truncated draft vocabulary), and the head's own cache is rolled back by length like the main one."""
+import pytest
+import torch
+
+import selfspec.drafters.base
+from heads.eagle import EagleHead
+from selfspec import SelfSpecModel
+from selfspec.sampling import SamplingConfig
+from tests.conftest import random_prompt, tiny_model
+from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import assert_exercised
+from training import features as feature_data
+from training import head_data
+from training.recipes import EagleRecipe, Teacher
+
+
+def trained_head(model, draft_vocab=None, steps=60, seed=0) -> EagleHead:
+    """An EAGLE head trained for a few seconds on the model's own greedy continuations: right often, not always."""
+    from selfspec.target import TargetModel
+
+    torch.manual_seed(seed)
+    target = TargetModel(model)
+    vocab = target.vocab_size
+    prompts = torch.randint(3, vocab, (24, 4), generator=torch.Generator().manual_seed(seed))
+    rows = list(head_data.continue_tokens(model, prompts, 28))
+    stream = feature_data.PositionStream(feature_data.compute_records(target, rows, progress=False))
+    head = EagleHead.for_model(model, draft_vocab=draft_vocab)
+    recipe, teacher = EagleRecipe(passes=2), Teacher(target, draft_vocab)
+    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        batch = stream.batch(stream.window_starts(8, 24, generator), 24)
+        loss, _ = recipe.loss(head, batch, teacher)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return head.eval()
+
+
+def sharp(model, factor=8.0):
+    with torch.no_grad():
+        model.lm_head.weight.mul_(factor)  # confident next-token distributions: greedy continuations have structure
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("num_draft_tokens", [1, 3])
+def test_greedy_eagle_equals_generate(family, num_draft_tokens):
+    model = sharp(tiny_model(family))
+    head = trained_head(model)
+    spec = SelfSpecModel(model, heads=head)
+    assert spec.drafter.__class__.__name__ == "EagleDrafter"  # chosen from the heads' kind
+    stats = []
+    for seed in range(3):
+        prompt = random_prompt(8, seed=seed)
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=num_draft_tokens, eos_token_id=[])
+        assert torch.equal(out.sequences, plain), (family, seed)
+        stats.append(out.stats)
+    assert_exercised(stats, what=f"eagle {family} k={num_draft_tokens}")
+
+
+def test_greedy_eagle_with_a_draft_vocabulary_equals_generate():
+    """Drafts only from 24 of 96 tokens: the target's argmax outside them is simply a rejection."""
+    model = sharp(tiny_model())
+    prompts = random_prompt(8, seed=0)
+    greedy_ids = model.generate(prompts, max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
+    draft_vocab = torch.bincount(greedy_ids, minlength=96).argsort(descending=True)[:24]
+    spec = SelfSpecModel(model, heads=trained_head(model, draft_vocab=draft_vocab))
+    stats = []
+    for seed in range(3):
+        prompt = random_prompt(8, seed=seed)
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences, plain)
+        stats.append(out.stats)
+    assert_exercised(stats, what="eagle with a draft vocabulary")
+
+
+def test_the_head_cache_holds_one_entry_per_committed_position():
+    """Rollback by length: after each proposal the head's cache holds exactly the committed positions plus the
+    entries it drafted on predicted features, which the next proposal cuts before rewriting them."""
+    model = sharp(tiny_model())
+    spec = SelfSpecModel(model, heads=trained_head(model))
+    drafter = spec.drafter
+    lengths = []
+    original = drafter.propose
+
+    def propose(context):
+        draft = original(context)
+        lengths.append((drafter._real_length, drafter._cache.get_seq_length(), context.token_ids.shape[0],
+                        draft.num_draft_tokens))
+        return draft
+
+    drafter.propose = propose
+    spec.generate(random_prompt(8), max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
+    assert lengths
+    for real, cached, num_tokens, num_drafted in lengths:
+        assert real == num_tokens - 1  # every committed position (the pending token's predecessor included)
+        assert cached == real + max(num_drafted - 1, 0)  # plus the drafted entries (the last draft is never fed)
+
+
+VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 1500
+PROMPT = torch.tensor([[3, 1, 2, 3, 1]])
+
+
+def law_model():
+    model = tiny_model("llama", seed=0, vocab_size=VOCAB, hidden=16, num_layers=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+def randomized_head(model, draft_vocab=None, seed=1):
+    head = EagleHead.for_model(model, draft_vocab=draft_vocab)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return head.eval()
+
+
+def law_samples(spec, sampling, planted_bug=False):
+    generator = torch.Generator().manual_seed(0)
+    samples, stats = [], []
+    for _ in range(NUM_SAMPLES):
+        out = spec.generate(PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=sampling.temperature,
+                            top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=2, generator=generator,
+                            eos_token_id=[])
+        samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
+        stats.append(out.stats)
+    assert_exercised(stats, rejected=not planted_bug, what="eagle law")  # the planted bug below accepts everything
+    return samples
+
+
+@pytest.mark.parametrize("draft_vocab", [None, torch.tensor([2, 0])], ids=["full", "draft-vocab-2-of-4"])
+def test_sampled_eagle_follows_the_model_law(draft_vocab):
+    model = law_model()
+    spec = SelfSpecModel(model, heads=randomized_head(model, draft_vocab))
+    sampling = SamplingConfig(do_sample=True, temperature=0.9)
+    law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
+    assert law_pvalue(law_samples(spec, sampling), law) > 1e-3
+
+
+def misplaced_probs(draft_vocab_probs, draft_vocab, vocab_size):
+    """Planted bug: draft-vocabulary probabilities written at ids 0..N-1 instead of at the draft vocabulary's ids."""
+    full = draft_vocab_probs.new_zeros((*draft_vocab_probs.shape[:-1], vocab_size))
+    full[..., : draft_vocab_probs.shape[-1]] = draft_vocab_probs
+    return full
+
+
+def test_the_law_test_catches_misplaced_draft_vocabulary_probabilities(monkeypatch):
+    model = law_model()
+    spec = SelfSpecModel(model, heads=randomized_head(model, torch.tensor([2, 3])))
+    monkeypatch.setattr(selfspec.drafters.base, "full_vocab_probs", misplaced_probs)
+    sampling = SamplingConfig(do_sample=True, temperature=0.9)
+    law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
+    assert law_pvalue(law_samples(spec, sampling, planted_bug=True), law) < 1e-6
