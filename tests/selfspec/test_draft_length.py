@@ -9,6 +9,7 @@ from selfspec.draft_length import AdaptiveDraftLength, FixedDraftLength, VerifyC
 from selfspec.target import TargetModel
 from selfspec.drafters import MedusaDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+from tests.selfspec.scripted_time import ScriptedClock, scripted_engine_clock
 from tests.selfspec.exercised import (
     RecordingDrafter, assert_exercised, head_confidences, scrambled_model, sharpened, trained_heads,
 )
@@ -36,10 +37,43 @@ def test_verify_cost_extrapolates_linearly():
     assert (cost(0), cost(2), cost(4)) == (1.0, 1.5, pytest.approx(2.1))
 
 
-def test_measured_cost_curve_is_relative_and_non_decreasing():
-    cost = measure_verify_cost(TargetModel(tiny_model("llama")), max_draft_tokens=4, context_length=16, repeats=2)
-    assert len(cost.relative) == 5 and cost.relative[0] == 1.0 and cost.decode_seconds > 0
-    assert all(a <= b for a, b in zip(cost.relative, cost.relative[1:]))
+class _ScriptedTarget:
+    """A TargetModel whose forwards take scripted seconds on a scripted clock: base[k] for k + 1 tokens, plus
+    `extra[(round, k)]` (a disturbance) in the given round of measure_verify_cost's interleaved rounds."""
+
+    def __init__(self, target, clock, base, extra):
+        self.target, self.clock, self.base, self.extra = target, clock, base, extra
+        self.calls = 0
+
+    def __getattr__(self, name):
+        return getattr(self.target, name)
+
+    def forward(self, token_ids, cache):
+        if self.calls:  # the first forward is the context's prefill, not timed
+            k = token_ids.shape[0] - 1
+            round_ = (self.calls - 1) // len(self.base)
+            self.clock.advance(self.base[k] + self.extra.get((round_, k), 0.0))
+        self.calls += 1
+        return self.target.forward(token_ids, cache)
+
+
+def test_measured_cost_curve_keeps_the_fastest_round_and_pools_violations(monkeypatch):
+    """measure_verify_cost on scripted times (its clock is `time.perf_counter` inside verify_cost.py, replaced here):
+    a warm-up round 50x slower is ignored, a slow outlier in one round is beaten by the other rounds' minimum, and a
+    dip (verifying 5 drafts faster than 4) is pooled with its neighbour, not raised to a running maximum.
+    Catches (planted): the slowest round kept instead of the fastest; a running maximum instead of pooling."""
+    import types
+
+    import selfspec.verify_cost
+
+    clock = ScriptedClock()
+    monkeypatch.setattr(selfspec.verify_cost, "time", types.SimpleNamespace(perf_counter=clock))
+    base = [0.010, 0.012, 0.014, 0.016, 0.019, 0.017, 0.022, 0.024, 0.026]  # seconds for k = 0 .. 8
+    extra = {(0, k): 0.5 for k in range(9)} | {(2, 3): 0.050}  # warm-up round; one slow forward in round 2
+    target = _ScriptedTarget(TargetModel(tiny_model("llama")), clock, base, extra)
+    cost = measure_verify_cost(target, max_draft_tokens=8, context_length=16, repeats=3)
+    assert cost.decode_seconds == pytest.approx(0.010)
+    assert cost.relative == pytest.approx((1.0, 1.2, 1.4, 1.6, 1.8, 1.8, 2.2, 2.4, 2.6))
 
 
 def test_useless_drafts_shrink_k_to_zero_but_probes_continue():
@@ -130,7 +164,10 @@ class _Recording(AdaptiveDraftLength):
 
 
 def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
-    """With this machine's measured cost curve and step times (what "auto" uses), after a short warm-up."""
+    """On a scripted clock: verifying k drafts costs CPU_LIKE(k) seconds and nothing else does (the engine's `clock`
+    hook), and the policy plans with that same curve, so its choices are exact functions of acceptance. After a
+    short warm-up it drafts almost nothing for an always-wrong drafter and nearly the maximum for an oracle.
+    Catches (planted): the policy's acceptance update ignoring rejections (k stays up for the useless drafter)."""
     model = tiny_model("llama", seed=4)
     prompt = random_prompt(6, seed=5)
     continuation = model.generate(
@@ -139,9 +176,11 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
     later_k = {}
     for wrong in (True, False):
         spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong))
-        policy = _Recording(spec.verify_cost())
+        scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
+        policy = _Recording(VerifyCost(CPU_LIKE.relative, decode_seconds=1.0))
         out = spec.generate(prompt, max_new_tokens=100, num_draft_tokens=policy, eos_token_id=[])
         assert torch.equal(out.sequences[0], continuation)
+        assert policy.overhead.per_step == pytest.approx(0.0, abs=1e-9)  # steps took exactly their verify cost
         later = policy.chosen[len(policy.chosen) // 2 :]
         later_k[wrong] = sum(later) / len(later)
     assert later_k[True] < 0.5 and later_k[False] > 6

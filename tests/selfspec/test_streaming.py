@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import threading
-import time
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from selfspec import SelfSpecModel
 from selfspec.streaming import TextDecoder
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, sharpened, trained_heads
+from tests.selfspec.scripted_time import scripted_engine_clock
 from tests.selfspec.test_dtypes import successor_model
 from tests.selfspec.tiny_text import tiny_text_model, tiny_tokenizer
 
@@ -175,9 +175,19 @@ def test_stream_checks_arguments_at_the_call():
 
 
 def test_time_spent_by_the_consumer_is_not_the_engines():
+    """With a scripted clock: each target forward takes 1 s, the consumer pauses 10 s after every piece. The stats
+    count exactly the forwards' seconds (prefill + steps), none of the pauses.
+    Catches (planted): a step's timer not restarted after the yield (the consumer's pause counted)."""
     engine = SelfSpecModel(tiny_model(), drafter="ngram")
-    stream = engine.stream(random_prompt(), max_new_tokens=5)
+    clock, forwards = scripted_engine_clock(engine, lambda num_tokens: 1.0)
+    stream = engine.stream(repetitive_prompt(20), max_new_tokens=12, num_draft_tokens=3, eos_token_id=[])
+    pieces = 0
     for _ in stream:
-        time.sleep(0.1)  # a slow terminal or UI
-    assert stream.stats.new_tokens == 5
-    assert stream.stats.seconds < 0.4  # five tokens of a tiny model; the 0.5 s of sleeping is not counted
+        clock.advance(10.0)  # a slow terminal or UI
+        pieces += 1
+    stats = stream.stats
+    assert stats.new_tokens == 12 and pieces > 1 and stats.drafted > 0
+    assert len(forwards) == stats.target_forwards
+    assert stats.prefill_seconds == 1.0
+    assert stats.seconds == stats.target_forwards * 1.0  # not a second of the 10 s pauses
+    assert clock() == stats.seconds + 10.0 * pieces
