@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 
 from heads import MedusaHeads
@@ -153,6 +154,70 @@ def test_vllm_export_with_own_lm_heads_writes_one_per_head(tmp_path):
     loaded = MedusaHeads.from_pretrained(tmp_path, model=model)
     hidden = hidden_of(model)
     assert torch.equal(loaded(hidden, model.lm_head), heads(hidden, model.lm_head))
+
+
+def vllm_medusa_logits(weights, config, hidden, lm_head_weight=None):
+    """vLLM's MedusaModel, written out from its source (vllm/model_executor/models/medusa.py): per head,
+    x <- x + SiLU(layer(x)) with layer an nn.Linear (weight [out, in]: x @ W.T + b), then the head's LM head (one
+    shared LM head, `lm_heads.0`, when original_lm_head), then logits * logit_scale (its LogitsProcessor)."""
+    out = []
+    for i in range(config["num_heads"]):
+        x = hidden
+        for j in range(config["num_hidden_layers"]):
+            x = x + torch.nn.functional.silu(x @ weights[f"blocks.{i}.layers.{j}.weight"].T + weights[f"blocks.{i}.layers.{j}.bias"])
+        lm_head = weights["lm_heads.0.weight" if config["original_lm_head"] else f"lm_heads.{i}.weight"]
+        out.append(x @ lm_head.T * config.get("logit_scale", 1.0))
+    return torch.stack(out, dim=-2)
+
+
+def asymmetric(heads, seed=0):
+    """Heads whose square block weights are far from symmetric, so a transposed export cannot pass for the original."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for blocks in heads.blocks:
+            for block in blocks:
+                block.linear.weight.copy_(torch.randn(block.linear.weight.shape, generator=g, dtype=torch.float64).triu() * 0.3)
+                block.linear.bias.copy_(torch.randn(block.linear.bias.shape, generator=g, dtype=torch.float64) * 0.3)
+    return heads
+
+
+@pytest.mark.parametrize("share_lm_head", [True, False])
+def test_vllm_export_computes_what_vllm_computes(tmp_path, share_lm_head):
+    """The exported file, read as vLLM reads it, gives our heads' logits: the square H x H block weights keep nn.Linear's
+    [out, in] orientation (a transposed copy has the same shape and the same names; only the logits tell).
+    Catches (planted): block weights exported transposed (`block.linear.weight.T`)."""
+    model = tiny_model()
+    heads = asymmetric(MedusaHeads.for_model(model, num_heads=2, num_layers=2, share_lm_head=share_lm_head))
+    heads.save_pretrained(tmp_path, format="vllm", model=model)
+    config = json.loads((tmp_path / "config.json").read_text())
+    weights = load_file(str(tmp_path / "model.safetensors"))
+    hidden = hidden_of(model)
+    torch.testing.assert_close(vllm_medusa_logits(weights, config, hidden), heads(hidden, model.lm_head), rtol=0, atol=1e-10)
+
+
+def test_vllm_export_carries_the_base_logit_scale(tmp_path):
+    """A base that scales its logits (Cohere's logit_scale): vLLM's Medusa reads the scale from the heads' own config,
+    so the export writes it, and vLLM's logits then equal what selfspec drafts with (the base's logits transform).
+    A base without one writes none. Catches (planted): the logit_scale branch removed from `save_vllm`."""
+    from selfspec import SelfSpecModel
+
+    config = transformers.CohereConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, logit_scale=0.25,
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).double().eval()
+    target = SelfSpecModel(model, drafter="none").target  # checks at wrap time that it reproduces Cohere's logits
+    heads = asymmetric(MedusaHeads.for_model(model, num_heads=2))
+    heads.save_pretrained(tmp_path / "cohere", format="vllm", model=model)
+    exported = json.loads((tmp_path / "cohere" / "config.json").read_text())
+    assert exported["logit_scale"] == 0.25
+    weights = load_file(str(tmp_path / "cohere" / "model.safetensors"))
+    hidden = model.model(input_ids=random_prompt()).last_hidden_state[0]
+    torch.testing.assert_close(vllm_medusa_logits(weights, exported, hidden), heads(hidden, target.logits), rtol=0, atol=1e-10)
+    plain = tiny_model()
+    MedusaHeads.for_model(plain, num_heads=2).save_pretrained(tmp_path / "plain", format="vllm", model=plain)
+    assert "logit_scale" not in json.loads((tmp_path / "plain" / "config.json").read_text())
 
 
 def test_vllm_export_refuses_another_base(tmp_path):
