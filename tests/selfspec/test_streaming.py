@@ -191,3 +191,36 @@ def test_time_spent_by_the_consumer_is_not_the_engines():
     assert stats.prefill_seconds == 1.0
     assert stats.seconds == stats.target_forwards * 1.0  # not a second of the 10 s pauses
     assert clock() == stats.seconds + 10.0 * pieces
+
+
+def test_a_stream_abandoned_part_way_leaves_the_engine_as_it_was():
+    """Stop iterating a stream after two pieces (closing it, as `break` in a for loop does), and interleave another
+    stream: every generation on the same engine still equals plain greedy decoding, and the abandoned stream's
+    stats count exactly what it produced.
+    Catches (planted): one KV cache kept by the target and reset at the start of each generation (an abandoned
+    or interleaved generation then decodes on another's cache)."""
+    model = tiny_model(seed=5)
+    engine = SelfSpecModel(model, drafter="ngram")
+    prompt = repetitive_prompt(20, seed=6)
+    expected = model.generate(
+        prompt, max_new_tokens=30, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
+    )[0, prompt.shape[1]:].tolist()
+    kwargs = dict(max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
+
+    abandoned = engine.stream(prompt, **kwargs)
+    pieces = iter(abandoned)
+    taken = [next(pieces).token_ids, next(pieces).token_ids]
+    pieces.close()  # what `break` does to a for loop's iterator
+    assert abandoned.token_ids == taken[0] + taken[1] == expected[: len(abandoned.token_ids)]
+    assert abandoned.stats.new_tokens == len(abandoned.token_ids) and abandoned.stats.target_forwards == 2
+
+    first, second = engine.stream(prompt, **kwargs), engine.stream(random_prompt(7, seed=8), **kwargs)
+    first_pieces = iter(first)
+    next(first_pieces)
+    second_tokens = [t for piece in second for t in piece.token_ids]  # a whole generation in between
+    rest = [t for piece in first_pieces for t in piece.token_ids]
+    assert first.token_ids == expected and len(rest) < len(expected)
+    assert engine.generate(prompt, **kwargs).sequences[0, prompt.shape[1]:].tolist() == expected
+    other = engine.generate(random_prompt(7, seed=8), **kwargs).sequences[0, 7:].tolist()
+    assert second_tokens == other
+    assert first.stats.drafted > 0 and first.stats.accepted > 0  # steps of several tokens were interrupted
