@@ -47,6 +47,7 @@ class RecordingDrafter:
     def __init__(self, inner, keep_contexts: bool = False):
         self.inner = inner
         self.steps: list[tuple[int, int]] = []  # (num_draft_tokens asked for, tokens proposed)
+        self.outcomes: list[tuple[int, int]] = []  # (drafted, accepted) as the engine reported them
         self.contexts = [] if keep_contexts else None
 
     def propose(self, context):
@@ -57,6 +58,7 @@ class RecordingDrafter:
         return draft
 
     def observe(self, num_drafted, num_accepted):
+        self.outcomes.append((num_drafted, num_accepted))
         self.inner.observe(num_drafted, num_accepted)
 
     def stopped_mid_chain(self) -> int:

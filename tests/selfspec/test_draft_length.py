@@ -135,6 +135,10 @@ def test_auto_keeps_greedy_identity(drafter, options):
     spec = SelfSpecModel(model, drafter=drafter, **options)
     out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens="auto", eos_token_id=[])
     assert torch.equal(out.sequences, expected)
+    if drafter == "none":
+        assert out.stats.drafted == 0
+    else:
+        assert_exercised(out.stats, what=drafter)
     assert spec.verify_cost() is spec.verify_cost()  # measured once per model, then kept
 
 

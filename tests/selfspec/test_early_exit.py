@@ -113,6 +113,7 @@ def test_adapter_from_a_directory(tmp_path):
     prompt = random_prompt(7, seed=3)
     out = spec.generate(prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
     assert torch.equal(out.sequences, reference(model, prompt, 20))
+    assert_exercised(out.stats, accepted=False)
 
 
 def test_sampled_early_exit_follows_the_model_law():
@@ -205,6 +206,7 @@ def test_verification_reuses_the_drafted_layers(family, share_work):
         for hook in hooks:
             hook.remove()
     assert torch.equal(out.sequences, reference(model, prompt, 25))
+    assert_exercised(out.stats, rejected=False)
     steps = out.stats.target_forwards - 1
     once = prompt.shape[1] + steps + out.stats.drafted  # prefill; then the pending token and each draft, once
     assert tokens_seen == [once] * 4 if share_work else [once + out.stats.drafted] * 2 + [once] * 2
@@ -254,6 +256,7 @@ def test_an_adapter_module_follows_the_model_dtype():
     prompt = random_prompt(7, seed=12)
     out = spec.generate(prompt, max_new_tokens=12, num_draft_tokens=3, eos_token_id=[])
     assert torch.equal(out.sequences, reference(model, prompt, 12))
+    assert_exercised(out.stats, accepted=False)
 
 
 def test_a_sliding_window_model_stays_exact_past_its_window():
@@ -276,3 +279,4 @@ def test_a_sliding_window_model_stays_exact_past_its_window():
             prompt, max_new_tokens=30, num_draft_tokens=k, eos_token_id=[]
         )
         assert torch.equal(out.sequences, expected)
+        assert_exercised(out.stats, what=f"exit layer {exit_layer}")  # rejections make rollback re-trim the windows

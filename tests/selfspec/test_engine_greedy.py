@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from selfspec import SelfSpecModel
-from selfspec.drafters import MedusaDrafter
+from selfspec.drafters import MedusaDrafter, NgramDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences, scrambled_model, trained_heads
 
@@ -135,16 +135,27 @@ def test_medusa_drafts_from_the_hidden_state_of_the_last_accepted_position():
         torch.testing.assert_close(context.hidden_state, full[position], rtol=0, atol=1e-10)
 
 
-def test_max_new_tokens_is_exact_when_a_step_accepts_past_it():
+def test_max_new_tokens_is_exact_when_a_step_accepts_up_to_it():
+    """Every budget 0..11 is met exactly; no step drafts more than the budget leaves room for, and some generations
+    end on a step whose accepted drafts reach the budget exactly (the engine caps k: no step accepts past it)."""
     model = tiny_model("llama")
     prompt = repetitive_prompt(30, seed=9)
-    spec = SelfSpecModel(model, drafter="ngram")
+    drafter = RecordingDrafter(NgramDrafter())
+    spec = SelfSpecModel(model, drafter=drafter)
+    ended_on_accepted = 0
     for max_new_tokens in range(0, 12):
+        drafter.steps.clear(), drafter.outcomes.clear()
         out = spec.generate(prompt, max_new_tokens=max_new_tokens, num_draft_tokens=8, eos_token_id=[])
         assert out.sequences.shape[1] == prompt.shape[1] + max_new_tokens
         assert out.stats.new_tokens == max_new_tokens
         if max_new_tokens:
             assert torch.equal(out.sequences, reference(model, prompt, max_new_tokens, eos_token_id=None))
+        emitted = 1  # the prefill's token
+        for drafted, accepted in drafter.outcomes:  # every step, also those asked for no drafts
+            assert drafted <= max_new_tokens - emitted - 1  # room for the drafts and the step's own next token
+            emitted += accepted + 1
+        ended_on_accepted += bool(drafter.outcomes) and drafter.outcomes[-1][1] > 0
+    assert ended_on_accepted > 0, "no generation reached its budget inside a step's accepted drafts"
 
 
 def test_speculation_saves_forwards_when_drafts_are_right():
