@@ -130,10 +130,13 @@ class EagleHead(nn.Module):
         return DynamicCache(config=self.layer_config)
 
     def forward(
-        self, features: torch.Tensor, next_embeddings: torch.Tensor, position_ids: torch.Tensor, cache=None
+        self, features: torch.Tensor, next_embeddings: torch.Tensor, position_ids: torch.Tensor, cache=None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """features [B, T, H] (h_t), next_embeddings [B, T, H] (embed(x_{t+1})), position_ids [B, T] (t) ->
-        [B, T, H] predicted post-norm features for positions t+1. With `cache`, the T positions follow its contents."""
+        [B, T, H] predicted post-norm features for positions t+1. With `cache`, the T positions follow its contents.
+        attention_mask: None (causal), or a 4D additive float mask [B, 1, T, cached + T] used as given (a tree of
+        drafts: each row attends to the cached entries of its own path only)."""
         from transformers.masking_utils import create_causal_mask
 
         fused = self.fuse(torch.cat([self.feature_norm(features), self.embedding_norm(next_embeddings)], dim=-1))
@@ -141,7 +144,7 @@ class EagleHead(nn.Module):
         if self.rotary_emb is not None:
             extra["position_embeddings"] = self.rotary_emb(fused, position_ids)
         mask = create_causal_mask(
-            config=self.layer_config, inputs_embeds=fused, attention_mask=None, cache=cache, position_ids=position_ids,
+            config=self.layer_config, inputs_embeds=fused, attention_mask=attention_mask, cache=cache, position_ids=position_ids,
         )
         hidden = fused
         for layer in self.layers:

@@ -19,6 +19,10 @@ from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
+from selfspec.tree import DraftTree
+from selfspec.tree_cache import keep_path, path_offsets
+from selfspec.tree_forward import check_tree_support, tree_forward
+from selfspec.tree_verifier import verify_tree_greedy, verify_tree_sampled
 from selfspec.verifier import Verdict, verify_greedy, verify_sampled
 from selfspec.verify_cost import LearnedVerifyCost, learned_verify_cost, prior_verify_cost
 
@@ -62,17 +66,25 @@ class SelfSpecModel:
     `propose(context) -> Draft` and `observe(num_drafted, num_accepted)`. Default: the heads' own kind when heads
     are given (MedusaHeads / EagleHead or their directory), else "ngram". heads and drafter_options (e.g.
     max_ngram_size=3, exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
+    tree_size: verify a tree of up to this many draft tokens per step instead of a chain (Medusa and EAGLE drafters
+    build trees; others keep proposing chains); None or 0: chains; "auto": a node budget from this device's prior
+    verify cost (`resolve_tree_size`). Needs a model whose attention takes a custom 4D mask (checked here) and
+    cannot be combined with early exit. The draft-length policy's k then caps the tree's depth.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
-    def __init__(self, model, drafter: str | Drafter | None = None, heads=None, tokenizer=None, **drafter_options):
+    def __init__(self, model, drafter: str | Drafter | None = None, heads=None, tokenizer=None,
+                 tree_size: int | str | None = None, **drafter_options):
         self.model = model
         self.target = TargetModel(model)
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         self._verify_cost: LearnedVerifyCost | None = None
+        self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
+        if self.tree_size:
+            _check_tree_drafting(self.drafter, self.target)
 
     @property
     def heads(self):
@@ -81,7 +93,7 @@ class SelfSpecModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
-                        **model_kwargs):
+                        tree_size=None, **model_kwargs):
         """Load the base (a directory, a hub id, a .gguf file, or "smollm2") and its tokenizer; dtype, device_map, ...
         pass through to AutoModelForCausalLM. Without a dtype, a half-precision checkpoint on a CPU runs in float32
         (selfspec/loading.py); an explicit dtype always wins."""
@@ -89,7 +101,8 @@ class SelfSpecModel:
 
         model = load_model(name_or_path, dtype=dtype, device=device, **model_kwargs)
         tokenizer = load_tokenizer(name_or_path)
-        return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, **(drafter_options or {}))
+        return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, tree_size=tree_size,
+                   **(drafter_options or {}))
 
     def verify_cost(self) -> LearnedVerifyCost:
         """This model's cost curve of verifying k drafts (in one-token decodes) on its device, as "auto" plans with
@@ -211,17 +224,13 @@ class SelfSpecModel:
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
             k = min(policy.choose(), stop.remaining - 1)  # a step emits at most k + 1 tokens
             draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache)
-            verify_ids = torch.cat([buffer[num_tokens - 1 : num_tokens], draft.tokens])  # [k + 1]
             verify_started = clock()
-            # [k + 1, hidden]; an early-exit draft already ran the first layers over verify_ids: resume after them
-            hidden_all = target.forward(verify_ids, cache, draft.prefilled_layers, draft.prefilled_hidden)
-            verdict = _verify(draft, target.logits(hidden_all), sampling, generator)
+            # The cache ends holding pending + accepted; kept_hidden [num_accepted + 1, hidden] are their final states.
+            verdict, accepted, kept_hidden = self._verify_step(draft, buffer, num_tokens, cache, sampling, generator)
             verify_seconds = clock() - verify_started
-            cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
-            accepted = draft.tokens[: verdict.num_accepted]
             buffer[num_tokens : num_tokens + verdict.num_accepted] = accepted
             num_tokens += verdict.num_accepted
-            unseen.append(hidden_all[: verdict.num_accepted + 1])  # the last row predicts the next token
+            unseen.append(kept_hidden)  # one state per committed position, in order; the last predicts the next token
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
@@ -238,9 +247,23 @@ class SelfSpecModel:
             return Draft.empty(token_ids.device), unseen
         hidden_states = torch.cat(unseen) if len(unseen) > 1 else unseen[0]  # [num_new, hidden]
         context = DraftContext(
-            token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache
+            token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache,
+            self.tree_size,
         )
         return self.drafter.propose(context), []
+
+    def _verify_step(self, draft: Draft, buffer, num_tokens: int, cache, sampling, generator):
+        """Verify the draft after the pending token buffer[num_tokens - 1] in one target forward and cut the cache to
+        pending + accepted -> (verdict, [num_accepted] accepted tokens, [num_accepted + 1, hidden] their states)."""
+        pending = buffer[num_tokens - 1 : num_tokens]  # [1]
+        if draft.parents is None:
+            return _verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator)
+        if not self.tree_size:
+            raise ValueError(
+                "the drafter proposed a tree (Draft.parents) but this SelfSpecModel was wrapped without tree_size, so "
+                "the model was not checked for tree drafts: pass tree_size=... to SelfSpecModel"
+            )
+        return _verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator)
 
     def _observe(self, policy, draft: Draft, verdict: Verdict, seconds: float, verify_seconds: float) -> None:
         """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
@@ -286,6 +309,64 @@ def _verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig,
     if sampling.greedy:
         return verify_greedy(draft.tokens, target_logits)
     return verify_sampled(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), generator)
+
+
+def _verify_chain(target, pending, draft: Draft, num_tokens: int, cache, sampling, generator):
+    """A chain: [pending, *draft.tokens] in one forward, the chain verifier, rollback by length."""
+    verify_ids = torch.cat([pending, draft.tokens])  # [k + 1]
+    # [k + 1, hidden]; an early-exit draft already ran the first layers over verify_ids: resume after them
+    hidden_all = target.forward(verify_ids, cache, draft.prefilled_layers, draft.prefilled_hidden)
+    verdict = _verify(draft, target.logits(hidden_all), sampling, generator)
+    cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
+    return verdict, draft.tokens[: verdict.num_accepted], hidden_all[: verdict.num_accepted + 1]
+
+
+def _verify_tree(target, pending, tree: DraftTree, num_tokens: int, cache, sampling, generator):
+    """A tree: [pending, *tree.tokens] in one forward with the tree's 4D mask, the tree verifier, then the cache keeps
+    the accepted path only (moved into place: no memory for rejected branches)."""
+    hidden_all = tree_forward(target, int(pending[0]), tree, cache)  # [num_nodes + 1, hidden], row 0 = pending
+    target_logits = target.logits(hidden_all)  # [num_nodes + 1, vocab]
+    if sampling.greedy:
+        verdict = verify_tree_greedy(tree, target_logits)
+    else:  # DISTINCT children need no draft_probs; SAMPLED ones carry theirs in the tree
+        verdict = verify_tree_sampled(tree, logits_to_probs(target_logits, sampling), generator)
+    rows = path_offsets(verdict.accepted_nodes)  # [num_accepted + 1] rows of pending + the accepted path
+    keep_path(cache, num_tokens - 1, rows)
+    accepted = tree.tokens[list(verdict.accepted_nodes)]  # [num_accepted]
+    return verdict, accepted, hidden_all[rows]
+
+
+# "auto" tree size: the most nodes whose verify forward costs at most this many one-token decodes on the prior curve
+# (6 on a CPU, 47 on an accelerator). A choice, not yet a measurement: a step that verifies N nodes must then accept
+# about one more token than a plain step to pay. The prior, not the learned curve, so that a seeded sample does not
+# change when a later process has learned another curve.
+AUTO_TREE_VERIFY_COST = 2.0
+MAX_TREE_SIZE = 64
+
+
+def resolve_tree_size(tree_size, device) -> int:
+    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> the node budget this device's prior curve affords."""
+    if tree_size is None:
+        return 0
+    if tree_size == "auto":
+        cost = prior_verify_cost(torch.device(device))
+        return max(n for n in range(1, MAX_TREE_SIZE + 1) if n == 1 or cost(n) <= AUTO_TREE_VERIFY_COST)
+    if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0:
+        raise ValueError(f'tree_size must be None, an integer >= 0 (0 = chains) or "auto", got {tree_size!r}')
+    return tree_size
+
+
+def _check_tree_drafting(drafter, target: TargetModel) -> None:
+    """Wrap-time refusals for tree drafts: early exit (its shared work has no tree path) and models whose attention
+    does not honour a custom 4D mask (`check_tree_support`)."""
+    from selfspec.drafters.early_exit import EarlyExitDrafter
+
+    if isinstance(drafter, EarlyExitDrafter):
+        raise ValueError(
+            "tree_size cannot be combined with drafter='early_exit': its drafts share their first layers' work with "
+            "verification, which only a chain can reuse. Use tree_size=None, or drafter='medusa' or 'eagle' for trees"
+        )
+    check_tree_support(target)
 
 
 def _check_lengths(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from heads.draft_vocab import full_vocab_probs
-from selfspec.sampling import SamplingConfig, draw
+from selfspec.sampling import SamplingConfig, draw, logits_to_probs
+from selfspec.tree import DraftTree
 
 if TYPE_CHECKING:
     from selfspec.cache import KVCache
@@ -33,6 +34,9 @@ class DraftContext:
     generator: torch.Generator | None
     target: "TargetModel"  # the shared model, for drafters that run part of it (early exit)
     cache: "KVCache"  # the shared cache; holds token_ids[:-1]
+    # Node budget for a tree of draft tokens (`Draft.parents`); 0 = propose a chain. Drafters that cannot build trees
+    # ignore it and return chains; `num_draft_tokens` then caps the tree's depth.
+    tree_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,22 @@ class Draft:
     # the cache; `prefilled_hidden` [num_draft_tokens + 1, hidden] is their output, so verification resumes there.
     prefilled_layers: int = 0
     prefilled_hidden: torch.Tensor | None = None
+    # A tree of draft tokens (`selfspec/tree.py`): [num_draft_tokens] long, the parent of each token (-1 = the
+    # pending token; a parent comes before its children). None = a chain, verified on the chain's own fast path.
+    parents: torch.Tensor | None = None
+    # How each row's children were drafted (`tree.py`: root first, then one per token); () = DISTINCT when probs is
+    # None (deterministic top-k or point masses), SAMPLED otherwise.
+    child_kinds: tuple[str, ...] = ()
 
     @property
     def num_draft_tokens(self) -> int:
         return self.tokens.shape[0]
+
+    def tree(self) -> DraftTree:
+        """The draft as a `DraftTree` (a chain when `parents` is None); checks the tree's rules."""
+        if self.parents is None:
+            return DraftTree.chain(self.tokens, self.probs)
+        return DraftTree(self.tokens, self.parents, self.probs, self.child_kinds)
 
     @classmethod
     def empty(cls, device) -> "Draft":
@@ -75,6 +91,18 @@ def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.T
         return tokens, probs
     tokens = draft_vocab[tokens]
     return tokens, None if probs is None else full_vocab_probs(probs, draft_vocab, context.target.vocab_size)
+
+
+def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_vocab: torch.Tensor | None = None):
+    """[..., N] draft logits -> ([..., k'] the k' = min(k, N) most probable token ids in the model's vocabulary, most
+    probable first, [..., k'] their log draft probabilities): the DISTINCT children of a tree node.
+
+    Ranked under the sampling's warpers (plain softmax when greedy), so a tree spends its nodes on tokens the target
+    may emit; any ranking keeps verification exact, because DISTINCT children need no draft_probs."""
+    probs = logits.float().softmax(dim=-1) if context.sampling.greedy else logits_to_probs(logits, context.sampling)
+    top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # [..., k'] sorted, most probable first
+    tokens = top.indices if draft_vocab is None else draft_vocab[top.indices]
+    return tokens, top.values.log()
 
 
 def drafter_parameter_bytes(drafter) -> int:

@@ -6,20 +6,28 @@ The head keeps its own KV cache; like the main cache it holds one entry per posi
 entries written while drafting are cut before the next proposal, which rewrites those positions from real features.
 Greedy drafts are argmax point masses; sampled drafts carry their draft_probs (zero outside the draft vocabulary)
 to the exact verifier.
+Trees (`DraftContext.tree_size` = N > 0), EAGLE-2 style: depth by depth, the `tree_top_k` candidates of highest
+cumulative draft probability are expanded in one head forward (a 4D mask lets each attend to its own path's entries
+of the head cache, at position = depth), each adding its top-k children; then all candidates are reranked and the N
+most probable kept. Children are DISTINCT (deterministic), also when sampling. The tree's head entries follow the
+real ones, so the next proposal's crop to the real length removes them all.
 """
 from __future__ import annotations
 
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module
+from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module, top_draft_tokens
+from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier
 from selfspec.sampling import top_probability
 
 
 class EagleDrafter:
     """head: an `EagleHead` or its directory. min_draft_confidence: stop drafting when the draft distribution's top
-    probability falls below this (0 = never)."""
+    probability falls below this (0 = never); in a tree, a node whose distribution is that unsure gets no children.
+    tree_top_k: in a tree, nodes expanded per depth and children per expanded node (EAGLE-2 uses 10 on a GPU; 4
+    keeps a CPU's small trees cheap to draft; not measured yet)."""
 
-    def __init__(self, target, head, min_draft_confidence: float = 0.0):
+    def __init__(self, target, head, min_draft_confidence: float = 0.0, tree_top_k: int = 4):
         from heads.eagle import EagleHead
 
         if head is None:
@@ -28,6 +36,9 @@ class EagleDrafter:
         head = load_extra_module(head, target.model, EagleHead, "the EAGLE head")
         if not 0.0 <= min_draft_confidence <= 1.0:
             raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
+        if isinstance(tree_top_k, bool) or not isinstance(tree_top_k, int) or tree_top_k < 1:
+            raise ValueError(f"tree_top_k must be an integer >= 1, got {tree_top_k!r}")
+        self.tree_top_k = tree_top_k
         self.head = head.eval()
         self.min_draft_confidence = min_draft_confidence
         self.embed = target.model.get_input_embeddings()
@@ -55,6 +66,8 @@ class EagleDrafter:
         features = self.head(new_features[None], self.embed(context.token_ids[first + 1 :])[None], positions[None], self._cache)
         self._real_length = num_tokens - 1
         feature = features[0, -1:]  # [1, hidden] predicted feature of the pending token's position
+        if context.tree_size:
+            return self._draft_tree(feature, context)
         tokens, draft_probs = [], []
         for step in range(context.num_draft_tokens):
             logits = context.target.logits(feature, vocab_ids=self.draft_vocab)  # [1, N]
@@ -71,6 +84,52 @@ class EagleDrafter:
         if not tokens:
             return Draft.empty(context.token_ids.device)
         return Draft(torch.cat(tokens), torch.cat(draft_probs) if draft_probs else None)
+
+    def _draft_tree(self, feature: torch.Tensor, context: DraftContext) -> Draft:
+        """feature [1, hidden] of the pending token's position -> the tree of the `context.tree_size` most probable
+        nodes, at most `context.num_draft_tokens` deep."""
+        width, device = self.tree_top_k, feature.device
+        pending_position = context.token_ids.shape[0] - 1
+        candidates = TreeCandidates(device)
+        # Rows of `features` are the nodes expanded last (at first the root): ancestor_slots[row] holds the head cache
+        # slots of that node's path (the root's are the real entries, which every row attends to anyway). ids and
+        # scores are the current depth's candidates, k children per row.
+        ids = torch.full((1,), ROOT, dtype=torch.long, device=device)
+        scores = torch.zeros(1, device=device)
+        features, ancestor_slots = feature, [[]]  # [F, hidden]
+        for depth in range(context.num_draft_tokens):
+            logits = context.target.logits(features, vocab_ids=self.draft_vocab)  # [F, N]
+            tokens, log_probs = top_draft_tokens(logits, context, width, self.draft_vocab)  # [F, k]
+            if self.min_draft_confidence:  # an unsure distribution gets no children
+                log_probs = log_probs.masked_fill(log_probs[:, :1].exp() < self.min_draft_confidence, -torch.inf)
+            ids, scores = candidates.add_children(ids, scores, tokens, log_probs)  # [F * k]
+            if depth + 1 == context.num_draft_tokens:
+                break
+            expand = frontier(ids, scores, width)  # [F'] the best of this depth, by cumulative probability
+            if expand.numel() == 0:
+                break
+            parent_rows = (expand // tokens.shape[1]).tolist()
+            slots_before = self._cache.get_seq_length()
+            mask = self._tree_mask([ancestor_slots[row] for row in parent_rows], slots_before, features.dtype, device)
+            positions = torch.full((1, expand.shape[0]), pending_position + depth, device=device)
+            features = self.head(features[expand // tokens.shape[1]][None], self.embed(tokens.flatten()[expand])[None],
+                                 positions, self._cache, attention_mask=mask)[0]  # [F', hidden]
+            ancestor_slots = [ancestor_slots[row] + [slots_before + i] for i, row in enumerate(parent_rows)]
+            ids, scores = ids[expand], scores[expand]
+        tree_tokens, parents = candidates.best(context.tree_size)
+        return Draft(tree_tokens, parents=parents) if tree_tokens.numel() else Draft.empty(device)
+
+    def _tree_mask(self, ancestor_slots: list[list[int]], slots_before: int, dtype, device) -> torch.Tensor:
+        """[1, 1, F, slots_before + F] additive mask of one depth's forward: row i attends to the real entries, its
+        ancestors' entries and its own new one."""
+        rows = len(ancestor_slots)
+        attended = torch.zeros(rows, slots_before + rows, dtype=torch.bool)
+        attended[:, : self._real_length] = True
+        for i, slots in enumerate(ancestor_slots):
+            attended[i, slots + [slots_before + i]] = True
+        mask = torch.zeros(attended.shape, dtype=dtype)
+        mask.masked_fill_(~attended, torch.finfo(dtype).min)
+        return mask[None, None].to(device)
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass

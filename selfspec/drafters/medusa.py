@@ -2,13 +2,18 @@
 
 Greedy: each head's argmax (point masses). Sampling: each head's warped distribution, sampled; its draft_probs
 go to the verifier. Head k's guess does not depend on the heads before it, which is a valid (if crude) chain.
+Trees (`DraftContext.tree_size` = N > 0): each head's top-k tokens, and of all paths through them the N most probable
+nodes by the product of the heads' probabilities; children are DISTINCT (deterministic), also when sampling.
 The drafter owns its heads: it loads them (or checks given ones against the model) and places them on the model.
 """
 from __future__ import annotations
 
 from functools import partial
 
-from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module
+import torch
+
+from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module, top_draft_tokens
+from selfspec.drafters.tree_select import ROOT, TreeCandidates
 from selfspec.sampling import top_probability
 
 
@@ -19,19 +24,25 @@ class MedusaDrafter:
     The default 0.1 was measured on the reference model's 4 heads (examples/draft_length_replay.py --heads):
     +8 % tokens per unit cost at k = 4 on this CPU (1.37x vs 1.27x), +5 % under num_draft_tokens="auto"; 0.2
     and above cut too many right drafts. An unsure head 1 then means a plain decoding step, which is cheaper
-    than verifying a likely-wrong draft (verifying 2 tokens costs ~1.4 decodes here)."""
+    than verifying a likely-wrong draft (verifying 2 tokens costs ~1.4 decodes here). In a tree it caps the depth
+    the same way.
+    tree_top_k: candidate tokens per head in a tree (3: with N nodes, most of them sit in the first two heads'
+    top 3; not measured yet)."""
 
-    def __init__(self, heads, model=None, min_draft_confidence: float = 0.1):
+    def __init__(self, heads, model=None, min_draft_confidence: float = 0.1, tree_top_k: int = 3):
         from heads import MedusaHeads
 
         if not 0.0 <= min_draft_confidence <= 1.0:
             raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
+        if isinstance(tree_top_k, bool) or not isinstance(tree_top_k, int) or tree_top_k < 1:
+            raise ValueError(f"tree_top_k must be an integer >= 1, got {tree_top_k!r}")
         if model is not None:
             heads = load_extra_module(heads, model, MedusaHeads, "these heads")
         elif not isinstance(heads, MedusaHeads):
             raise TypeError(f"heads must be a MedusaHeads module (or, with model=..., its directory), got {type(heads).__name__}")
         self.heads = heads
         self.min_draft_confidence = min_draft_confidence
+        self.tree_top_k = tree_top_k
 
     @property
     def extra_modules(self) -> tuple:
@@ -46,6 +57,8 @@ class MedusaDrafter:
         logits = self.heads(context.hidden_state, project, num_draft_tokens)  # [num_draft_tokens, N or vocab]
         if draft_vocab is not None and not self.heads.config.share_lm_head:
             logits = logits[..., draft_vocab]  # own full-vocabulary projections: keep the draft vocabulary's columns
+        if context.tree_size:
+            return self._propose_tree(logits, context)
         tokens, draft_probs = draw_draft(logits, context, draft_vocab)  # [k], [k, vocab] or None
         if self.min_draft_confidence:
             confidence = top_probability(logits, draft_probs)  # [num_draft_tokens]
@@ -55,6 +68,27 @@ class MedusaDrafter:
                 keep = int(unsure[0, 0])
                 tokens, draft_probs = tokens[:keep], None if draft_probs is None else draft_probs[:keep]
         return Draft(tokens, draft_probs)
+
+    def _propose_tree(self, logits: torch.Tensor, context: DraftContext) -> Draft:
+        """[depth, N] the heads' logits -> the tree of the `context.tree_size` most probable nodes."""
+        tokens, log_probs = top_draft_tokens(logits, context, self.tree_top_k, self.heads.draft_vocab)  # [depth, k]
+        depth = tokens.shape[0]
+        if self.min_draft_confidence:  # heads up to the first unsure one, as for a chain
+            unsure = (log_probs[:, 0].exp() < self.min_draft_confidence).nonzero()
+            depth = int(unsure[0, 0]) if unsure.numel() else depth
+        candidates = TreeCandidates(tokens.device)
+        ids = torch.full((1,), ROOT, dtype=torch.long, device=tokens.device)  # [F] the nodes to expand
+        scores = log_probs.new_zeros(1)  # [F] their cumulative log draft probabilities
+        for d in range(depth):
+            num_parents = ids.shape[0]
+            ids, scores = candidates.add_children(
+                ids, scores, tokens[d].expand(num_parents, -1), log_probs[d].expand(num_parents, -1)
+            )
+            # A node among the N best overall is among the N best of its depth: expanding those loses none.
+            best = scores.topk(min(context.tree_size, scores.shape[0])).indices
+            ids, scores = ids[best], scores[best]
+        tree_tokens, parents = candidates.best(context.tree_size)
+        return Draft(tree_tokens, parents=parents) if tree_tokens.numel() else Draft.empty(tokens.device)
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass
