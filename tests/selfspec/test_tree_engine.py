@@ -1,0 +1,280 @@
+"""Tree drafts through the engine (`SelfSpecModel(..., tree_size=N)`): greedy output equals `model.generate` with
+Medusa and EAGLE trees, sampled output has the model's law (and a planted verifier bug is caught), the caches hold the
+accepted path only, and wrap time refuses what has no tree path.
+
+Every test asserts, through a spy on the engine's tree verifier, that the path it names was taken: trees with
+several branches, a non-first sibling accepted, nodes rejected.
+"""
+import pytest
+import torch
+from transformers import AttentionInterface
+
+import selfspec.engine
+from heads import MedusaHeads
+from selfspec import SelfSpecModel
+from selfspec.drafters.base import Draft, DraftContext
+from selfspec.engine import resolve_tree_size
+from selfspec.sampling import SamplingConfig
+from selfspec.tree_verifier import try_sampled_child, walk_tree
+from tests.conftest import random_prompt, tiny_model
+from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
+from tests.selfspec.test_eagle import randomized_head, sharp, trained_head
+from tests.selfspec.test_tree_forward import causal_only_attention
+from tests.selfspec.test_tree_verifier import distinct_no_renormalise
+
+
+class TreeSpy:
+    """Records (tree, verdict) of every tree step the engine verifies, passing them through unchanged."""
+
+    def __init__(self, monkeypatch):
+        self.steps = []
+        for name in ("verify_tree_greedy", "verify_tree_sampled"):
+            monkeypatch.setattr(selfspec.engine, name, self._recording(getattr(selfspec.engine, name)))
+
+    def _recording(self, verify):
+        def spy(tree, *args):
+            verdict = verify(tree, *args)
+            self.steps.append((tree, verdict))
+            return verdict
+        return spy
+
+    def assert_exercised(self, what: str) -> None:
+        """Trees with more than one branch were verified, a non-first sibling was accepted, some nodes rejected."""
+        assert self.steps, f"no tree was verified ({what})"
+        branchy = sum(any(len(c) > 1 for c in tree.children) for tree, _ in self.steps)
+        later_sibling = sum(
+            any(tree.children[int(tree.parents[node]) + 1][0] != node for node in verdict.accepted_nodes)
+            for tree, verdict in self.steps
+        )
+        nodes = sum(tree.num_nodes for tree, _ in self.steps)
+        accepted = sum(verdict.num_accepted for _, verdict in self.steps)
+        assert branchy > 0, f"every tree was a chain ({what})"
+        assert later_sibling > 0, f"no sibling after the first was ever accepted ({what})"
+        assert 0 < accepted < nodes, f"accepted {accepted} of {nodes} nodes ({what})"
+
+
+def medusa_model_and_heads(family):
+    model = sharp(tiny_model(family))
+    prompts = [random_prompt(8, seed=seed) for seed in range(4)]
+    return model, trained_heads(model, greedy_sequences(model, prompts, 40)), prompts
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_medusa_trees_equal_generate(family, monkeypatch):
+    model, heads, prompts = medusa_model_and_heads(family)
+    spec = SelfSpecModel(model, heads=heads, tree_size=8, min_draft_confidence=0.0)
+    spy = TreeSpy(monkeypatch)
+    stats = []
+    for prompt in prompts:
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences, plain), family
+        stats.append(out.stats)
+    assert_exercised(stats, what=f"medusa trees {family}")
+    spy.assert_exercised(f"medusa trees {family}")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_eagle_trees_equal_generate(family, monkeypatch):
+    model = sharp(tiny_model(family))
+    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=8)
+    spy = TreeSpy(monkeypatch)
+    stats = []
+    for seed in range(3):
+        prompt = random_prompt(8, seed=seed)
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences, plain), (family, seed)
+        stats.append(out.stats)
+    assert_exercised(stats, what=f"eagle trees {family}")
+    spy.assert_exercised(f"eagle trees {family}")
+
+
+def test_eagle_tree_children_are_the_top_tokens_of_their_path():
+    """The head's tree forward (4D mask, positions by depth) gives each node the feature a chain along its path would:
+    recomputed one token at a time on a fresh head cache, each node's children are the top tokens, in order."""
+    model = sharp(tiny_model())
+    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=30)  # most of the 4 + 16 + 16 candidates
+    with torch.no_grad():
+        check_children_along_paths(spec)
+
+
+def check_children_along_paths(spec):
+    drafter, target = spec.drafter, spec.target
+    prompt = random_prompt(8, seed=5)[0]
+    hidden = target.forward(prompt, target.new_cache())  # [T, hidden]
+    tokens = torch.cat([prompt, target.logits(hidden[-1:]).argmax(-1)])  # the prompt + the pending token
+    greedy = SamplingConfig()
+    context = DraftContext(tokens, hidden[-1], hidden, 3, greedy, None, target, target.new_cache(), tree_size=30)
+    tree = drafter.propose(context).tree()
+    assert any(len(c) > 1 for c in tree.children[1:]), "some node below the root must branch"
+    assert int(tree.depths.max()) == 3
+    for row, children in enumerate(tree.children):
+        if children:
+            feature = chain_feature(drafter, hidden, tokens, tree.tokens[tree.path_to(row - 1)])
+            ranked = target.logits(feature).argsort(descending=True).tolist()
+            got = tree.tokens[list(children)].tolist()
+            assert got == [t for t in ranked if t in got] and set(got) <= set(ranked[: drafter.tree_top_k]), row
+
+
+def chain_feature(drafter, hidden, tokens, path):
+    """[hidden] the head's predicted feature after `path` [d], run as a chain (one token per forward, causal mask) on
+    a fresh cache: real features for the prompt [T], then its own predictions."""
+    head, embed = drafter.head, drafter.embed
+    cache, num_real = head.new_cache(), hidden.shape[0]
+    feature = head(hidden[None], embed(tokens[1:])[None], torch.arange(num_real)[None], cache)[0, -1:]
+    for depth, token in enumerate(path.tolist()):
+        position = torch.full((1, 1), num_real + depth)
+        feature = head(feature[None], embed(torch.tensor([token]))[None], position, cache)[0]
+    return feature[0]
+
+
+VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 1500
+PROMPT = torch.tensor([[3, 1, 2, 3, 1]])
+SAMPLING = SamplingConfig(do_sample=True, temperature=0.9)
+
+
+def law_model():
+    """A 4-token float64 model: the law of a 4-token continuation has at most 256 outcomes."""
+    model = tiny_model("llama", seed=0, vocab_size=VOCAB, hidden=16, num_layers=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+def randomized_medusa(model, seed=1):
+    heads = MedusaHeads.for_model(model, num_heads=3)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return heads
+
+
+def tree_law_samples(spec):
+    generator = torch.Generator().manual_seed(0)
+    samples, stats = [], []
+    for _ in range(NUM_SAMPLES):
+        out = spec.generate(PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=SAMPLING.temperature,
+                            num_draft_tokens=2, generator=generator, eos_token_id=[])
+        samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
+        stats.append(out.stats)
+    return samples, stats
+
+
+def law_spec(drafter):
+    model = law_model()
+    heads = randomized_medusa(model) if drafter == "medusa" else randomized_head(model)
+    return model, SelfSpecModel(model, heads=heads, tree_size=5, min_draft_confidence=0.0)
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle"])
+def test_sampled_trees_follow_the_model_law(drafter, monkeypatch):
+    model, spec = law_spec(drafter)
+    spy = TreeSpy(monkeypatch)
+    samples, stats = tree_law_samples(spec)
+    assert_exercised(stats, what=f"{drafter} tree law")
+    spy.assert_exercised(f"{drafter} tree law")
+    assert law_pvalue(samples, exact_continuation_law(model, PROMPT, NUM_NEW, SAMPLING)) > 1e-3
+
+
+def test_the_tree_law_test_catches_a_verifier_that_skips_renormalising(monkeypatch):
+    model, spec = law_spec("medusa")
+
+    def skip_renormalising(tree, target_probs, generator=None):
+        return walk_tree(tree, target_probs, generator, distinct_no_renormalise, try_sampled_child)
+
+    monkeypatch.setattr(selfspec.engine, "verify_tree_sampled", skip_renormalising)
+    samples, stats = tree_law_samples(spec)
+    assert_exercised(stats, what="planted tree verifier bug")
+    assert law_pvalue(samples, exact_continuation_law(model, PROMPT, NUM_NEW, SAMPLING)) < 1e-6
+
+
+def test_caches_hold_the_accepted_path_only(monkeypatch):
+    """Over 150 tokens the main cache never holds more than the sequence plus one tree, and the EAGLE head's cache
+    never more than its committed entries plus one proposal's tree entries."""
+    model = sharp(tiny_model()).float()
+    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=10)
+    drafter, excess = spec.drafter, []
+    propose = drafter.propose
+
+    def recording(context):
+        draft = propose(context)
+        excess.append(drafter._cache.get_seq_length() - drafter._real_length)
+        assert drafter._real_length == context.token_ids.shape[0] - 1
+        return draft
+
+    monkeypatch.setattr(drafter, "propose", recording)
+    spy = TreeSpy(monkeypatch)
+    prompt = random_prompt(8, seed=1)
+    stats = spec.generate(prompt, max_new_tokens=150, num_draft_tokens=4, eos_token_id=[]).stats
+    assert_exercised(stats, what="tree memory")
+    assert len(spy.steps) > 20
+    per_token = 2 * 2 * 2 * 8 * 4  # layers * (keys, values) * KV heads * head dim * float32 bytes
+    assert stats.peak_cache_bytes <= (8 + 150 - 1 + 10 + 1) * per_token  # the sequence + one tree's slack
+    width = drafter.tree_top_k
+    assert 0 < max(excess) <= width * 3  # depths 1..3 expanded, `width` nodes each: cut by the next proposal
+
+
+def test_chain_drafters_keep_proposing_chains_with_tree_size():
+    """tree_size reaches every drafter (DraftContext.tree_size); n-gram ignores it and its chains are verified as
+    before; "auto" resolves to this device's node budget."""
+    model = sharp(tiny_model())
+    seen = []
+
+    class Recording:
+        def propose(self, context):
+            seen.append(context.tree_size)
+            return Draft(context.token_ids[-context.num_draft_tokens:].flip(0))
+
+        def observe(self, num_drafted, num_accepted):
+            pass
+
+    spec = SelfSpecModel(model, drafter=Recording(), tree_size="auto")
+    assert spec.tree_size == resolve_tree_size("auto", "cpu") == 6
+    prompt = random_prompt(8)
+    plain = model.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(spec.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
+    assert seen and set(seen) == {6}
+    ngram = SelfSpecModel(model, drafter="ngram", tree_size=4)
+    assert torch.equal(ngram.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
+    assert SelfSpecModel(model, drafter="ngram").tree_size == SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
+
+
+class TreeOfTwo:
+    """A user's drafter that proposes a tree (two DISTINCT children of the pending token)."""
+
+    def propose(self, context):
+        return Draft(torch.tensor([3, 4]), parents=torch.tensor([-1, -1]))
+
+    def observe(self, num_drafted, num_accepted):
+        pass
+
+
+def test_a_tree_needs_tree_size_at_wrap_time():
+    spec = SelfSpecModel(tiny_model(), drafter=TreeOfTwo())
+    with pytest.raises(ValueError, match="wrapped without tree_size"):
+        spec.generate(random_prompt(6), max_new_tokens=4, num_draft_tokens=1)
+    SelfSpecModel(tiny_model(), drafter=TreeOfTwo(), tree_size=2).generate(random_prompt(6), max_new_tokens=4,
+                                                                           num_draft_tokens=1)
+
+
+@pytest.mark.parametrize("tree_size", [-1, "big", True, 2.5])
+def test_tree_size_values_are_checked(tree_size):
+    with pytest.raises(ValueError, match="tree_size must be"):
+        SelfSpecModel(tiny_model(), drafter="ngram", tree_size=tree_size)
+
+
+def test_early_exit_with_trees_is_refused_at_wrap_time():
+    with pytest.raises(ValueError, match="early_exit"):
+        SelfSpecModel(tiny_model(), drafter="early_exit", exit_layer=1, tree_size=4)
+
+
+def test_attention_that_ignores_a_custom_mask_is_refused_at_wrap_time():
+    AttentionInterface.register("causal_only_for_test", causal_only_attention)
+    model = tiny_model()
+    model.set_attn_implementation("causal_only_for_test")
+    SelfSpecModel(model, drafter="ngram")  # chains need no custom mask
+    with pytest.raises(NotImplementedError, match="custom 4D attention mask"):
+        SelfSpecModel(model, drafter="ngram", tree_size=4)
