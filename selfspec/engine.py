@@ -143,6 +143,10 @@ class SelfSpecModel:
             max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
             eos_token_id, stop_strings,
         )
+        from selfspec.batch import generate_batch, is_prompt_batch
+
+        if is_prompt_batch(input_ids):  # several prompts: decoded together, each as if alone (selfspec/batch.py)
+            return generate_batch(self, input_ids, options, streamer)
         prompt, pieces, stats = self._start(input_ids, options)
         new_tokens = []
         for tokens in feed_streamer(prompt, pieces, streamer):
@@ -178,6 +182,10 @@ class SelfSpecModel:
             max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
             eos_token_id, stop_strings,
         )
+        from selfspec.batch import is_prompt_batch, stream_batch
+
+        if is_prompt_batch(input_ids):  # several prompts: decoded together, each as if alone (selfspec/batch.py)
+            return stream_batch(self, input_ids, options)
         prompt, pieces, stats = self._start(input_ids, options)
         return TokenStream(prompt, pieces, stats, self.tokenizer)
 

@@ -1,0 +1,312 @@
+"""Several prompts decoded together, each row exactly as if it were decoded alone.
+
+One target forward per step serves every unfinished row. Each row keeps its own committed length (ragged rows in
+one `RaggedCache`), pending token, draft length, drafter state, random generator and stop conditions; per row the
+step is the single-sequence step of `engine.py` (propose, verify, accept, keep pending + accepted, feed back), with
+the same verifier, `draw`, stop conditions, draft-length policies and stats recorder. A row that finishes leaves
+the batch (its cache rows are dropped), so it costs no more compute.
+
+Why a row's output equals its output alone: its queries see exactly its own committed entries and block (the cache's
+mask), at its own positions; its random draws come from its own generator in the same order (first token, then per
+step its drafter's draws and the verifier's); its draft length comes from its own policy. Greedy rows are therefore
+token-identical to decoding alone, sampled rows with a seed per row (seed s: row i is seeded s + i) too.
+
+Not supported: early exit (its layer-by-layer forward builds one sequence's masks), drafts that share work
+(`Draft.prefilled_layers`), tree drafts, cache layers other than full attention (sliding windows), `transformers`
+streamers (use `stream`), and a draft-length policy object (it cannot serve several rows; pass an int or "auto").
+"""
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from selfspec.batch_cache import RaggedCache
+from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
+from selfspec.draft_length import draft_length_policy
+from selfspec.drafters import drafter_parameter_bytes, make_drafter
+from selfspec.drafters.base import Draft, DraftContext
+from selfspec.engine import _check_lengths, _is_chat, _verify
+from selfspec.sampling import SamplingConfig, draw
+from selfspec.stats import GenerationStats, StatsRecorder
+from selfspec.stopping import StopCondition, StopStrings
+from selfspec.verify_cost import prior_verify_cost
+
+_MASK_CHECKED: "weakref.WeakSet" = weakref.WeakSet()  # TargetModels whose decoder passed the 4D-mask probe
+
+
+def is_prompt_batch(input_ids) -> bool:
+    """A list (or tuple) of prompts: strings, id lists, chat conversations or [T] / [1, T] tensors. A single id list
+    (of ints) and a single conversation (of dicts) stay one prompt, as they always were."""
+    if not isinstance(input_ids, (list, tuple)) or not input_ids or _is_chat(input_ids):
+        return False
+    first = input_ids[0]
+    return isinstance(first, (str, list, tuple)) or (isinstance(first, torch.Tensor) and first.dim() >= 1)
+
+
+@dataclass
+class _Row:
+    """One prompt's decoding state; `index` is its place in the input list (its place in the cache changes as
+    finished rows leave)."""
+
+    index: int
+    prompt: torch.Tensor  # [T]
+    buffer: torch.Tensor  # [T + max_new_tokens] committed ids, then the pending one
+    stop: StopCondition
+    policy: object  # draft length: choose() / observe(num_drafted, num_accepted, seconds=None)
+    drafter: object
+    generator: torch.Generator | None
+    recorder: StatsRecorder
+    num_tokens: int = 0  # committed ids in buffer (all in the cache)
+    next_token: int = 0  # pending: chosen, not yet in the buffer or the cache
+    unseen: list = field(default_factory=list)  # [num_new_i, hidden] states the drafter has not seen, oldest first
+
+
+class _StepClock:
+    """The batch reads the real clock once when a piece of work starts and once when it ends; every row's recorder
+    reads that same instant, so each row is charged the whole step it took part in (its latency)."""
+
+    def __init__(self, clock):
+        self.clock, self.now = clock, 0.0
+
+    def tick(self) -> float:
+        self.now = self.clock()
+        return self.now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator, list[GenerationStats], GenerationStats]:
+    """Check and encode everything before the first step (so `stream` fails at the call). Returns the [T_r] prompts
+    in input order, the loop's pieces (not started), each row's stats and the batch's total (final at the end)."""
+    target = spec.target
+    _check_batch_support(spec, options)
+    prompts = [spec._prompt_ids(p) for p in prompts_in]
+    for prompt in prompts:
+        _check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
+    drafters = _row_drafters(spec.drafter, target, len(prompts))
+    generators = _row_generators(options, len(prompts), target.device)
+    clock = _StepClock(spec.clock)
+    eos_ids = spec._eos_ids(options.eos_token_id)
+    rows = []
+    for index, (prompt, drafter, generator) in enumerate(zip(prompts, drafters, generators)):
+        strings = None
+        if options.stop_strings is not None:
+            strings = StopStrings(options.stop_strings, spec.tokenizer, prompt.tolist())
+        buffer = prompt.new_empty(prompt.shape[0] + options.max_new_tokens)
+        buffer[: prompt.shape[0]] = prompt
+        rows.append(_Row(
+            index, prompt, buffer, StopCondition(options.max_new_tokens, eos_ids, strings),
+            _row_policy(spec, options), drafter, generator, StatsRecorder(drafter_parameter_bytes(drafter), clock),
+        ))
+    total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter))
+    pieces = _decode_batch(target, rows, options.sampling, clock, total)
+    return prompts, pieces, [row.recorder.stats for row in rows], total
+
+
+def generate_batch(spec, prompts_in, options, streamer=None) -> BatchGenerateOutput:
+    if streamer is not None:
+        raise ValueError("a transformers streamer follows one sequence; for several prompts iterate stream(...) instead")
+    prompts, pieces, row_stats, total = start_batch(spec, prompts_in, options)
+    new_tokens = [[] for _ in prompts]
+    for step in pieces:
+        for index, tokens in step:
+            new_tokens[index] += tokens
+    sequences = [torch.cat([p, p.new_tensor(t)]) for p, t in zip(prompts, new_tokens)]
+    text = None
+    if spec.tokenizer is not None:
+        text = [spec.tokenizer.decode(t, skip_special_tokens=True) for t in new_tokens]
+    return BatchGenerateOutput(sequences, total, row_stats, text)
+
+
+def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
+    prompts, pieces, row_stats, total = start_batch(spec, prompts_in, options)
+    return BatchTokenStream(prompts, pieces, total, row_stats, spec.tokenizer)
+
+
+@torch.inference_mode()
+def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats):
+    """Prefill every row, then steps of propose (per row) -> one verify forward -> verify (per row) -> commit -> feed
+    back, until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row
+    that committed nothing emittable is left out. Fills `total` once, at the end."""
+    all_rows, cache = rows, RaggedCache(target.model, len(rows), target.device)
+    started = clock.tick()
+    for row in rows:
+        row.recorder.start()
+    emitted = _prefill(target, cache, rows, sampling)
+    rows = _drop_finished(rows, cache)
+    prefill_seconds, decode_seconds, forwards, peak = clock.tick() - started, 0.0, 1, cache.nbytes()
+    for row in all_rows:
+        row.recorder.prefilled(row.stop.num_emitted, peak // len(all_rows))
+    yield emitted
+    while rows:
+        started = clock.tick()
+        for row in rows:
+            row.recorder.start()
+        stepped = rows
+        drafts, verdicts, emitted = _step(target, cache, rows, sampling)
+        rows = _drop_finished(rows, cache)
+        decode_seconds += clock.tick() - started
+        forwards, peak = forwards + 1, max(peak, cache.nbytes())
+        share = cache.nbytes() // max(len(rows), 1)  # each row's part of the one cache
+        for row, draft, verdict in zip(stepped, drafts, verdicts):
+            row.recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, row.stop.num_emitted, share)
+            row.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+            row.policy.observe(draft.num_draft_tokens, verdict.num_accepted, seconds=None)
+        yield emitted
+    total_stats(total, [row.recorder.stats for row in all_rows], forwards, prefill_seconds, decode_seconds, peak)
+
+
+def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig) -> list[tuple[int, list[int]]]:
+    """All prompts in one forward (right-padded; the cache's mask keeps each row to its own prompt), then each row's
+    first token, drawn as plain decoding draws it."""
+    lengths = [row.prompt.shape[0] for row in rows]
+    hidden = _forward_block(target, cache, _pad([row.prompt for row in rows]))  # [B, T_max, hidden]
+    cache.commit(torch.tensor(lengths))
+    emitted = []
+    for r, (row, length) in enumerate(zip(rows, lengths)):
+        row.unseen = [hidden[r, :length]]  # the drafter sees every prompt position
+        first, _ = draw(target.logits(hidden[r, length - 1 : length]), sampling, row.generator)  # [1]
+        row.next_token, row.num_tokens = int(first[0]), length
+        tokens = row.stop.admit([row.next_token])
+        if tokens:
+            emitted.append((row.index, tokens))
+    return emitted
+
+
+def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig):
+    """One decode step for every row: each row's draft, one forward over the padded blocks [pending, *drafts], each
+    row's verdict, its kept entries committed. Returns (drafts, verdicts, emitted)."""
+    for row in rows:
+        row.buffer[row.num_tokens], row.num_tokens = row.next_token, row.num_tokens + 1  # pending: not in the cache
+    drafts = [_propose(row, sampling, target) for row in rows]
+    blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]
+    hidden_all = _forward_block(target, cache, _pad(blocks))  # [B, 1 + max k_r, hidden]
+    sizes = [block.shape[0] for block in blocks]  # k_r + 1
+    verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
+    target_logits = target.logits(verified).split(sizes)  # per row [k_r + 1, vocab]
+    verdicts = [_verify(d, logits, sampling, row.generator) for row, d, logits in zip(rows, drafts, target_logits)]
+    cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
+    emitted = []
+    for r, (row, draft, verdict) in enumerate(zip(rows, drafts, verdicts)):
+        accepted = draft.tokens[: verdict.num_accepted]
+        row.buffer[row.num_tokens : row.num_tokens + verdict.num_accepted] = accepted
+        row.num_tokens += verdict.num_accepted
+        row.unseen.append(hidden_all[r, : verdict.num_accepted + 1])  # its last row predicts the next token
+        row.next_token = verdict.next_token
+        tokens = row.stop.admit(accepted.tolist() + [verdict.next_token])
+        if tokens:
+            emitted.append((row.index, tokens))
+    return drafts, verdicts, emitted
+
+
+def _propose(row: _Row, sampling: SamplingConfig, target) -> Draft:
+    """The row's draft of up to its policy's k tokens (a step emits at most k + 1, so never past the budget)."""
+    k = min(row.policy.choose(), row.stop.remaining - 1)
+    if k <= 0:  # not asked: the unseen states wait for its next proposal
+        return Draft.empty(row.buffer.device)
+    hidden_states = torch.cat(row.unseen) if len(row.unseen) > 1 else row.unseen[0]  # [num_new, hidden]
+    row.unseen = []
+    token_ids = row.buffer[: row.num_tokens]
+    # No cache view: the rows share one cache, which no supported drafter reads (early exit, which does, is refused).
+    context = DraftContext(token_ids, hidden_states[-1], hidden_states, k, sampling, row.generator, target, None)
+    draft = row.drafter.propose(context)
+    if draft.prefilled_layers or getattr(draft, "parents", None) is not None:  # (parents: tree drafts, if known)
+        raise NotImplementedError(
+            "a batch verifies chains of draft tokens only: drafts that ran part of the model (prefilled_layers) or "
+            "trees of drafts (parents) cannot be verified for ragged rows; decode these prompts one by one"
+        )
+    return draft
+
+
+def _forward_block(target, cache: RaggedCache, block_ids: torch.Tensor) -> torch.Tensor:
+    """[B, n] ids appended after every row's committed entries -> [B, n] final hidden states; row r's entry i sees
+    only row r's committed prefix and its own entries 0..i, at position lengths[r] + i."""
+    n = block_ids.shape[1]
+    out = target.decoder(
+        input_ids=block_ids, attention_mask=cache.block_mask(n, target.lm_head.weight.dtype),
+        position_ids=cache.block_positions(n), cache=cache.hf_cache, use_cache=True,
+    )
+    return out.last_hidden_state
+
+
+def _pad(sequences: list[torch.Tensor]) -> torch.Tensor:
+    """[n_r] id sequences -> [B, max n_r], right-padded with each row's first id (a valid id; the mask hides it)."""
+    width = max(s.shape[0] for s in sequences)
+    return torch.stack([torch.cat([s, s[:1].expand(width - s.shape[0])]) for s in sequences])
+
+
+def _drop_finished(rows: list[_Row], cache: RaggedCache) -> list[_Row]:
+    """The rows still decoding; finished ones leave the cache so they cost no more compute."""
+    alive = [r for r, row in enumerate(rows) if not row.stop.done]
+    if len(alive) < len(rows):
+        cache.select(torch.tensor(alive, dtype=torch.long))
+    return [rows[r] for r in alive]
+
+
+def _check_batch_support(spec, options) -> None:
+    """Refuse, with what to do instead, what a batch cannot decode exactly; probe the 4D mask once per model."""
+    from selfspec.drafters.early_exit import EarlyExitDrafter
+
+    if isinstance(spec.drafter, EarlyExitDrafter):
+        raise NotImplementedError(
+            "early-exit drafts run the model's first layers through its layer-by-layer path, which builds one "
+            "sequence's masks and positions, so it cannot decode ragged rows; decode these prompts one by one, or use "
+            "drafter='ngram', 'medusa' or 'eagle' for batches"
+        )
+    if getattr(spec, "tree_size", 0):  # (tree drafts, where this version of the engine has them)
+        raise NotImplementedError(
+            "tree drafts are verified one sequence at a time; for several prompts use a SelfSpecModel without "
+            "tree_size (chains of draft tokens)"
+        )
+    k = options.num_draft_tokens
+    if k != "auto" and (isinstance(k, bool) or not isinstance(k, int)):
+        raise ValueError(
+            f"several prompts need num_draft_tokens as an int or \"auto\" (each row gets its own policy); got {k!r}"
+        )
+    if spec.target not in _MASK_CHECKED:
+        from selfspec.tree_forward import check_tree_support
+
+        try:
+            check_tree_support(spec.target)  # the same mechanism: a 4D additive mask and explicit position ids
+        except NotImplementedError as err:
+            raise NotImplementedError(f"several prompts at once need it too: {err}") from err
+        _MASK_CHECKED.add(spec.target)
+
+
+def _row_drafters(drafter, target, num_rows: int) -> list:
+    """One drafter per row. EAGLE keeps a per-sequence cache, so each row gets its own (sharing the one head module);
+    n-gram, Medusa, "none" and a user's drafter object keep nothing between proposals and serve every row."""
+    from selfspec.drafters.eagle import EagleDrafter
+
+    if isinstance(drafter, EagleDrafter):
+        options = {"min_draft_confidence": drafter.min_draft_confidence}
+        return [make_drafter("eagle", target, drafter.head, options) for _ in range(num_rows)]
+    return [drafter] * num_rows
+
+
+def _row_generators(options, num_rows: int, device) -> list:
+    """generator: a list (one per row), or one shared by all rows (an exact law, but then a row's tokens depend on its
+    neighbours); else seed s gives row i a generator seeded s + i; else the global generator."""
+    generator = options.generator
+    if isinstance(generator, (list, tuple)):
+        if len(generator) != num_rows or not all(isinstance(g, torch.Generator) for g in generator):
+            raise ValueError(f"generator: give one torch.Generator per prompt ({num_rows}), got {len(generator)} items")
+        return list(generator)
+    if generator is not None:
+        return [generator] * num_rows
+    if options.seed is not None:
+        return [torch.Generator(device=device).manual_seed(options.seed + i) for i in range(num_rows)]
+    return [None] * num_rows
+
+
+def _row_policy(spec, options):
+    """Each row's own draft-length policy, as the single-sequence path builds it. A batch's step time says nothing
+    about one row's cost, so no policy learns from timings here (and the verify-cost curve is read, never taught)."""
+    if options.reproducible:
+        device = spec.target.device
+        return draft_length_policy(options.num_draft_tokens, lambda: prior_verify_cost(device), learn_step_cost=False)
+    return draft_length_policy(options.num_draft_tokens, spec.verify_cost, learn_step_cost=False)

@@ -1,0 +1,91 @@
+"""One KV cache for a batch of sequences of different lengths (ragged rows); it owns each row's committed length.
+
+Built on one `transformers` `DynamicCache` of batch size B. Rows are left-aligned: row r's committed entries sit at
+columns [0, lengths[r]); the cache is `width` = max(lengths) columns wide, and the columns of row r past its length
+hold stale entries that its queries never see. A forward appends a block of n columns for every row at the end
+[width, width + n); `block_mask` lets query i of row r attend to the row's committed prefix and to its own block
+entries 0..i, nothing else, and `block_positions` puts it at position lengths[r] + i, so each row computes exactly
+what it would alone. `commit` then moves each row's kept block entries (the first kept[r]) down to
+[lengths[r], lengths[r] + kept[r]) and crops the cache to the new widest row: rejected drafts and stale tails never
+grow memory. `select` drops finished rows. Knows nothing about drafts, sampling or the model's outputs.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+class RaggedCache:
+    def __init__(self, model, batch_size: int, device):
+        self.hf_cache = DynamicCache(config=model.config)
+        kinds = sorted({type(layer).__name__ for layer in self.hf_cache.layers if type(layer) is not DynamicLayer})
+        if kinds:
+            raise NotImplementedError(
+                f"batched decoding needs full-attention cache layers (one mask serves every layer); "
+                f"{type(model).__name__} uses {kinds}. Decode its prompts one by one."
+            )
+        self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed entries per row
+        self.width = 0  # columns after the last commit or select: max(lengths); a forward's block starts here
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.shape[0]
+
+    def block_positions(self, block_width: int) -> torch.Tensor:
+        """[B, block_width] position ids of the next block: row r's entry i sits at lengths[r] + i."""
+        return self.lengths[:, None] + torch.arange(block_width, device=self.lengths.device)
+
+    def block_mask(self, block_width: int, dtype: torch.dtype) -> torch.Tensor:
+        """[B, 1, block_width, width + block_width] additive mask (0 attended, finfo(dtype).min not) for a block
+        appended after the current columns; in the model's dtype, since eager attention adds it to the scores."""
+        width, device = self.width, self.lengths.device
+        columns = torch.arange(width + block_width, device=device)  # [width + n]
+        queries = torch.arange(block_width, device=device)  # [n]
+        committed = columns[None, None, :] < self.lengths[:, None, None]  # [B, 1, width + n]
+        own_block = (columns[None, :] >= width) & (columns[None, :] - width <= queries[:, None])  # [n, width + n]
+        attended = committed | own_block[None]  # [B, n, width + n]
+        mask = torch.zeros(attended.shape, dtype=dtype, device=device)
+        mask.masked_fill_(~attended, torch.finfo(dtype).min)
+        return mask[:, None]
+
+    def commit(self, kept: torch.Tensor) -> None:
+        """After a forward appended a block: keep each row's first kept[r] block entries ([B] long), moved to follow
+        its committed prefix, and crop to the widest row. Entries past kept[r] (rejected drafts, padding) are gone."""
+        kept = kept.to(self.lengths.device)
+        block_start = self.width
+        new_lengths = self.lengths + kept  # [B]
+        rows = torch.repeat_interleave(torch.arange(self.batch_size, device=kept.device), kept)  # [N] one per entry
+        first_of_row = torch.cumsum(kept, 0) - kept  # [B] where each row's entries start in the flat list
+        offsets = torch.arange(rows.shape[0], device=kept.device) - first_of_row[rows]  # [N] 0..kept[r]-1 per row
+        source, target = block_start + offsets, self.lengths[rows] + offsets  # [N] columns
+        for layer in self.hf_cache.layers:
+            # Advanced indexing around the heads' slice gives [N, heads, head_dim]; the right side is gathered (a
+            # copy) before anything is written, so a target column that is also a source is read first.
+            layer.keys[rows, :, target] = layer.keys[rows, :, source]
+            layer.values[rows, :, target] = layer.values[rows, :, source]
+        self.lengths = new_lengths
+        self._crop(int(new_lengths.max()) if self.batch_size else 0)
+
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep only these rows ([R] long indices, in the order given), cropped to the widest of them."""
+        rows = rows.to(self.lengths.device)
+        for layer in self.hf_cache.layers:
+            layer.batch_select_indices(rows)
+        self.lengths = self.lengths[rows]
+        if self.batch_size:
+            self._crop(int(self.lengths.max()))
+
+    def nbytes(self) -> int:
+        """Bytes of storage the cache's tensors hold (what commit must keep bounded)."""
+        total = 0
+        for layer in self.hf_cache.layers:
+            if layer.is_initialized and layer.keys is not None:
+                total += layer.keys.untyped_storage().nbytes() + layer.values.untyped_storage().nbytes()
+        return total
+
+    def _crop(self, width: int) -> None:
+        for layer in self.hf_cache.layers:
+            # crop(-n) removes the last n columns (slicing: a view, nothing copied); crop(0) does nothing
+            layer.crop(-(layer.get_seq_length() - width))
+        self.width = width

@@ -1,0 +1,202 @@
+"""Several prompts at once: every row's output is exactly that prompt decoded alone (greedy: the same tokens, also as
+`model.generate`; sampled with a seed per row: the same tokens as alone with that row's seed, and the model's law),
+for n-gram, Medusa and EAGLE drafts, rows of different lengths, rows that stop early; clear errors otherwise."""
+import pytest
+import torch
+
+from selfspec import SelfSpecModel
+from selfspec.batch import is_prompt_batch
+from selfspec.sampling import SamplingConfig
+from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, trained_heads
+from tests.selfspec.test_eagle import sharp, trained_head
+
+
+def prompts_of_different_lengths():
+    """[T] prompts of 9, 20, 4 and 13 tokens, two of them repetitive (n-gram drafts find matches there)."""
+    return [random_prompt(9, seed=1)[0], repetitive_prompt(20, seed=2)[0], random_prompt(4, seed=3)[0],
+            repetitive_prompt(13, period=4, seed=4)[0]]
+
+
+def engine(family, drafter):
+    if drafter == "eagle":
+        model = sharp(tiny_model(family))
+        return SelfSpecModel(model, heads=trained_head(model, steps=40))
+    if drafter == "medusa":  # heads that are right often and wrong often; every head consulted
+        model = scrambled_model(family)  # layers that matter: a wrong mask or wrong positions change its tokens
+        prompts = [p[None] for p in prompts_of_different_lengths()]
+        heads = trained_heads(model, greedy_sequences(model, prompts, 40))
+        return SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
+    return SelfSpecModel(tiny_model(family), drafter=drafter)  # soon repeats itself: n-gram drafts are accepted
+
+
+def alone(spec, prompt, **options):
+    return spec.generate(prompt, **options).sequences[0]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("drafter", ["ngram", "medusa", "eagle"])
+def test_greedy_rows_equal_each_prompt_alone_and_generate(family, drafter):
+    spec = engine(family, drafter)
+    prompts = prompts_of_different_lengths()
+    options = dict(max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
+    out = spec.generate(prompts, **options)
+    assert len(out.sequences) == len(prompts) and len(out.row_stats) == len(prompts)
+    expected = greedy_sequences(spec.model, [p[None] for p in prompts], 30)
+    for prompt, got, plain in zip(prompts, out.sequences, expected):
+        assert torch.equal(got, alone(spec, prompt, **options))
+        assert torch.equal(got, plain)
+    assert_exercised(out.row_stats, what=f"{drafter} {family} batch")
+    assert out.stats.new_tokens == 4 * 30 == sum(s.new_tokens for s in out.row_stats)
+    assert (out.stats.drafted, out.stats.accepted) == (sum(s.drafted for s in out.row_stats),
+                                                       sum(s.accepted for s in out.row_stats))
+    # one forward per step for all rows: fewer than the rows' forwards together
+    assert out.stats.target_forwards == max(s.target_forwards for s in out.row_stats)
+
+
+def test_gpt2_and_auto_draft_length():
+    spec = engine("gpt2", "ngram")
+    prompts = prompts_of_different_lengths()
+    out = spec.generate(prompts, max_new_tokens=25, eos_token_id=[])  # num_draft_tokens="auto": a policy per row
+    for prompt, got in zip(prompts, out.sequences):
+        assert torch.equal(got, alone(spec, prompt, max_new_tokens=25, num_draft_tokens=3, eos_token_id=[]))
+    assert_exercised(out.row_stats, what="gpt2 auto")
+
+
+def test_a_row_stopping_at_eos_leaves_while_the_others_go_on():
+    spec = engine("llama", "ngram")
+    prompts = prompts_of_different_lengths()
+    free = spec.generate(prompts, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[]).sequences
+    continuations = [s[p.shape[0]:].tolist() for s, p in zip(free, prompts)]
+    # an EOS that one row generates early and another never does
+    eos = next(t for t in continuations[0][2:12] if any(t not in c for c in continuations[1:]))
+    options = dict(max_new_tokens=30, num_draft_tokens=4, eos_token_id=eos)
+    out = spec.generate(prompts, **options)
+    lengths = [s.shape[0] - p.shape[0] for s, p in zip(out.sequences, prompts)]
+    assert lengths[0] < 12 and out.sequences[0][-1] == eos and max(lengths) == 30
+    expected = greedy_sequences_with_eos(spec.model, prompts, 30, eos)
+    for prompt, got, plain in zip(prompts, out.sequences, expected):
+        assert torch.equal(got, alone(spec, prompt, **options))
+        assert torch.equal(got, plain)
+    forwards = [s.target_forwards for s in out.row_stats]
+    assert forwards[0] < max(forwards) == out.stats.target_forwards  # the finished row took no further part
+    assert_exercised(out.row_stats)
+
+
+def greedy_sequences_with_eos(model, prompts, num_new, eos):
+    return [model.generate(p[None], max_new_tokens=num_new, do_sample=False, eos_token_id=eos, pad_token_id=2,
+                           attention_mask=torch.ones_like(p[None]))[0] for p in prompts]
+
+
+def test_max_new_tokens_is_exact_for_every_row():
+    spec = engine("llama", "ngram")
+    prompts = prompts_of_different_lengths()
+    stats = []
+    for max_new_tokens in (0, 1, 2, 5, 9, 17):
+        options = dict(max_new_tokens=max_new_tokens, num_draft_tokens=8, eos_token_id=[])
+        out = spec.generate(prompts, **options)
+        for prompt, got in zip(prompts, out.sequences):
+            assert got.shape[0] == prompt.shape[0] + max_new_tokens
+            assert torch.equal(got, alone(spec, prompt, **options))
+        stats += out.row_stats
+    assert_exercised(stats)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "medusa", "eagle"])
+def test_sampled_rows_equal_each_prompt_alone_with_its_seed(drafter):
+    """seed=s: row i draws from a generator seeded s + i, so its tokens are those of the prompt alone with seed s + i
+    (every draw the same: first token, drafts, acceptances, recovered and bonus tokens)."""
+    spec = engine("llama", drafter)
+    prompts = prompts_of_different_lengths()
+    sampling = dict(do_sample=True, temperature=0.8, top_k=20, max_new_tokens=24, num_draft_tokens=3, eos_token_id=[])
+    out = spec.generate(prompts, seed=7, **sampling)
+    for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
+        assert torch.equal(got, alone(spec, prompt, seed=7 + i, **sampling)), i
+    assert_exercised(out.row_stats, what=f"sampled {drafter}")
+    # the same with a generator per row, and with "auto" (reproducible: planned without timings)
+    generators = [torch.Generator().manual_seed(100 + i) for i in range(len(prompts))]
+    auto = {**sampling, "num_draft_tokens": "auto"}
+    out = spec.generate(prompts, generator=generators, **auto)
+    for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
+        assert torch.equal(got, alone(spec, prompt, generator=torch.Generator().manual_seed(100 + i), **auto)), i
+
+
+def test_sampled_rows_follow_the_model_law():
+    """On a 4-token vocabulary: 1,200 rows of one prompt (batches of 40, a seed per row), compared with the exact law
+    of a 3-token continuation."""
+    model = tiny_model("llama", seed=0, vocab_size=4, hidden=16, num_layers=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    spec = SelfSpecModel(model, drafter="ngram")
+    prompt = torch.tensor([3, 1, 2, 3, 1, 2])
+    sampling = SamplingConfig(True, 0.9)
+    samples, stats = [], []
+    for batch in range(30):
+        out = spec.generate([prompt] * 40, max_new_tokens=3, do_sample=True, temperature=0.9, num_draft_tokens=2,
+                            seed=batch * 40, eos_token_id=[])
+        samples += [tuple(s[prompt.shape[0]:].tolist()) for s in out.sequences]
+        stats += out.row_stats
+    assert_exercised(stats, what="batched law")
+    law = exact_continuation_law(model, prompt[None], 3, sampling)
+    assert law_pvalue(samples, law) > 1e-3
+
+
+def test_stream_gives_each_rows_tokens_and_text():
+    spec = engine("llama", "ngram")
+    prompts = prompts_of_different_lengths()
+    options = dict(max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+    stream = spec.stream(prompts, **options)
+    tokens = [[] for _ in prompts]
+    for piece in stream:
+        assert piece.text is None  # no tokenizer
+        tokens[piece.row] += piece.token_ids
+    out = spec.generate(prompts, **options)
+    for prompt, got, streamed, kept in zip(prompts, out.sequences, tokens, stream.token_ids):
+        assert got[prompt.shape[0]:].tolist() == streamed == kept
+    assert stream.stats.new_tokens == 80 and len(stream.row_stats) == 4
+
+
+def test_what_counts_as_several_prompts():
+    assert is_prompt_batch(["a", "b"]) and is_prompt_batch([[3, 4], [5]]) and is_prompt_batch((torch.tensor([3]),))
+    assert is_prompt_batch([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]])
+    assert not is_prompt_batch([3, 4, 5])  # one id list
+    assert not is_prompt_batch([{"role": "user", "content": "hi"}])  # one conversation
+    assert not is_prompt_batch(torch.tensor([[3, 4]])) and not is_prompt_batch("a") and not is_prompt_batch([])
+
+
+def test_unsupported_cases_fail_clearly():
+    model = tiny_model("llama")
+    prompts = [random_prompt(5)[0], random_prompt(7)[0]]
+    with pytest.raises(NotImplementedError, match="early-exit"):
+        SelfSpecModel(model, drafter="early_exit", exit_layer=1).generate(prompts, max_new_tokens=4)
+    spec = SelfSpecModel(model, drafter="ngram")
+    with pytest.raises(ValueError, match="num_draft_tokens"):
+        spec.generate(prompts, num_draft_tokens=_FixedPolicy())
+    with pytest.raises(ValueError, match="streamer"):
+        spec.generate(prompts, streamer=object())
+    with pytest.raises(ValueError, match="one torch.Generator per prompt"):
+        spec.generate(prompts, do_sample=True, generator=[torch.Generator()])
+    with pytest.raises(ValueError, match="non-empty"):
+        spec.generate([prompts[0], torch.tensor([], dtype=torch.long)])
+    with pytest.raises(ValueError, match="context window"):
+        spec.generate(prompts, max_new_tokens=600)
+    sliding = tiny_model("mistral")
+    sliding.config.sliding_window = 4
+    sliding.config.layer_types = ["sliding_attention"] * sliding.config.num_hidden_layers
+    with pytest.raises(NotImplementedError, match="several prompts"):
+        SelfSpecModel(sliding, drafter="ngram").generate(prompts, max_new_tokens=4)
+
+
+class _FixedPolicy:
+    def choose(self):
+        return 2
+
+    def observe(self, num_drafted, num_accepted, seconds=None):
+        pass
+
+
+def test_one_prompt_still_takes_the_single_sequence_path():
+    spec = SelfSpecModel(tiny_model("llama"), drafter="ngram")
+    out = spec.generate([5, 6, 7, 5, 6], max_new_tokens=6, eos_token_id=[])
+    assert out.sequences.shape == (1, 11)  # a [1, T] tensor, as before
