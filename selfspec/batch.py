@@ -257,7 +257,7 @@ def _check_batch_support(spec, options) -> None:
             "sequence's masks and positions, so it cannot decode ragged rows; decode these prompts one by one, or use "
             "drafter='ngram', 'medusa' or 'eagle' for batches"
         )
-    if getattr(spec, "tree_size", 0):  # (tree drafts, where this version of the engine has them)
+    if spec.tree_size:
         raise NotImplementedError(
             "tree drafts are verified one sequence at a time; for several prompts use a SelfSpecModel without "
             "tree_size (chains of draft tokens)"
