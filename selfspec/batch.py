@@ -79,7 +79,7 @@ class _StepClock:
         return self.now
 
 
-def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator, list[GenerationStats], GenerationStats]:
+def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator, list, GenerationStats]:
     """Check and encode everything before the first step (so `stream` fails at the call). Returns the [T_r] prompts
     in input order, the loop's pieces (not started), each row's stats and the batch's total (final at the end)."""
     target = spec.target
@@ -109,7 +109,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
 
 def generate_batch(spec, prompts_in, options, streamer=None) -> BatchGenerateOutput:
     if streamer is not None:
-        raise ValueError("a transformers streamer follows one sequence; for several prompts iterate stream(...) instead")
+        raise ValueError("a transformers streamer follows one sequence; for several prompts iterate stream(...)")
     prompts, pieces, row_stats, total = start_batch(spec, prompts_in, options)
     new_tokens = [[] for _ in prompts]
     for step in pieces:

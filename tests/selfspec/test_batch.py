@@ -4,6 +4,7 @@ for n-gram, Medusa and EAGLE drafts, rows of different lengths, rows that stop e
 import pytest
 import torch
 
+from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.batch import is_prompt_batch
 from selfspec.sampling import SamplingConfig
@@ -200,3 +201,33 @@ def test_one_prompt_still_takes_the_single_sequence_path():
     spec = SelfSpecModel(tiny_model("llama"), drafter="ngram")
     out = spec.generate([5, 6, 7, 5, 6], max_new_tokens=6, eos_token_id=[])
     assert out.sequences.shape == (1, 11)  # a [1, T] tensor, as before
+
+
+def test_text_prompts_conversations_stop_strings_and_streamed_text():
+    """Strings and chat conversations as rows; each row's text, stop string and streamed text equal it alone."""
+    from tests.selfspec.tiny_text import tiny_text_model, tiny_tokenizer
+
+    tokenizer = tiny_tokenizer()
+    spec = SelfSpecModel(tiny_text_model(), drafter="ngram", tokenizer=tokenizer)
+    prompts = ["Café au lait, crème", "def main():\n", [{"role": "user", "content": "The quick brown fox"}]]
+    free = spec.generate(prompts, max_new_tokens=24, num_draft_tokens=3, eos_token_id=[])
+    stop = next(c for c in free.text[1][3:] if c.isascii() and c.isalnum())  # row 1 reaches it early (others may)
+    options = dict(max_new_tokens=24, num_draft_tokens=3, eos_token_id=[], stop_strings=[stop])
+    out = spec.generate(prompts, **options)
+    stream = spec.stream(prompts, **options)
+    texts = ["", "", ""]
+    for piece in stream:
+        texts[piece.row] += piece.text
+    for i, prompt in enumerate(prompts):
+        single = spec.generate(prompt, **options)
+        assert torch.equal(out.sequences[i], single.sequences[0]) and out.text[i] == single.text == texts[i]
+    assert len(out.text[1]) < len(free.text[1])
+    assert_exercised(free.row_stats, rejected=False)
+
+
+def test_tree_drafts_are_refused_for_batches():
+    model = tiny_model("llama")
+    prompts = [random_prompt(5)[0], random_prompt(7)[0]]
+    heads = MedusaHeads.for_model(model, num_heads=2)
+    with pytest.raises(NotImplementedError, match="tree"):
+        SelfSpecModel(model, heads=heads, tree_size=4).generate(prompts, max_new_tokens=4)
