@@ -217,6 +217,11 @@ def test_training_raises_agreement_and_the_heads_load_everywhere(tmp_path, model
     prompt = random_prompt(6)
     plain = model.generate(prompt, max_new_tokens=12, do_sample=False)
     assert torch.equal(spec.generate(prompt, max_new_tokens=12).sequences, plain)
+    # every head consulted at a fixed k: the trained heads draft inside the engine, and are right at times
+    spec = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
+    generated = spec.generate(prompt, max_new_tokens=12, num_draft_tokens=3)
+    assert torch.equal(generated.sequences, plain)
+    assert generated.stats.drafted > 0 and generated.stats.accepted > 0, generated.stats
 
     # heads of another base are refused at load
     with pytest.raises(ValueError, match="different base model"):
