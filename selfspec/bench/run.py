@@ -16,7 +16,7 @@ from selfspec.bench.models import Loaded, check_paths, load, parameters
 from selfspec.bench.prompts import label, prompt_ids, prompt_texts
 from selfspec.bench.report import markdown, write_outputs
 from selfspec.bench.schedule import Deadline, run_schedule, warm_up
-from selfspec.bench.settings import BenchSettings, model_name, parse_args
+from selfspec.bench.settings import BenchSettings, model_name, parse_args, tree_size
 from selfspec.bench.summary import summarize
 from selfspec.bench.useless import useless_cases
 from selfspec.engine import SelfSpecModel
@@ -127,16 +127,38 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         except (ValueError, TypeError, NotImplementedError) as err:
             notes.append(f"eagle skipped: this engine does not take drafter='eagle' yet ({err})")
     methods.append(selfspec_method(OFF, lambda: specs["none"], n, eos, "none"))
+    trees = tree_specs(settings, model, extras, notes)
     for drafter, spec in specs.items():
         if drafter == "none":
             continue
         where = f" L={layer}" if drafter == "early_exit" else ""
-        methods.append(selfspec_method(f"selfspec {drafter}{where} (default)", lambda spec=spec: spec, n, eos, drafter,
-                                       extra=extras.get(drafter)))
-        if settings.fixed_k:
-            methods.append(selfspec_method(f"selfspec {drafter}{where} k={settings.fixed_k}", lambda spec=spec: spec,
-                                           n, eos, drafter, settings.fixed_k, extra=extras.get(drafter)))
+        variants = [(spec, "")]  # the chain row, then the tree row beside it
+        if drafter in trees:
+            variants.append((trees[drafter], f" tree={trees[drafter].tree_size}"))
+        for variant, shape in variants:
+            methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} (default)", lambda s=variant: s, n, eos,
+                                           drafter, extra=extras.get(drafter)))
+            if settings.fixed_k:
+                methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} k={settings.fixed_k}",
+                                               lambda s=variant: s, n, eos, drafter, settings.fixed_k,
+                                               extra=extras.get(drafter)))
     return methods, specs
+
+
+def tree_specs(settings: BenchSettings, model, extras: dict, notes: list[str]) -> dict:
+    """{drafter: SelfSpecModel drafting trees} for the head drafters loaded, with --tree-size (none without it). The
+    sweep keeps to chains: for trees its k would only cap the depth."""
+    size = tree_size(settings)
+    if size is None:
+        return {}
+    trees = {}
+    for drafter in ("medusa", "eagle"):
+        if drafter in extras:
+            try:
+                trees[drafter] = SelfSpecModel(model, drafter=drafter, heads=extras[drafter], tree_size=size)
+            except (ValueError, NotImplementedError) as err:
+                notes.append(f"selfspec {drafter} trees skipped: {err}")
+    return trees
 
 
 def _verify_costs(methods: list[Method]) -> dict:

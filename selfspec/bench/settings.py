@@ -24,6 +24,7 @@ class BenchSettings:
     exit_layer: int | None = None
     untrained_exit_layer: int | None = None
     fixed_k: int = 0
+    tree_size: str | None = None
     prompt_lookup_tokens: int = 3
     max_new_tokens: int = 96
     num_prompts: int = 4
@@ -57,6 +58,9 @@ HELP = {
     "untrained_exit_layer": "the useless-drafts check's early exit on layers not trained for it; default: "
                             "--exit-layer when the model had no early-exit training, else half of that trained layer",
     "fixed_k": "also run every selfspec drafter at this fixed num_draft_tokens (0: only the drafters' defaults)",
+    "tree_size": "also run the medusa and eagle drafters with tree drafts of this many nodes per step (an integer, or "
+                 "'auto': chosen from the device's verify cost, 6 on a CPU), beside their chain rows; default: chains "
+                 "only (trees are new and not yet measured here)",
     "prompt_lookup_tokens": "transformers' prompt_lookup_num_tokens; 3 was its best on this project's CPU "
                             "(SmolLM2: 3 tokens 1.05x, 10 tokens 0.99x)",
     "max_new_tokens": "tokens per generation; 96 keeps code prompt + output within the 256 positions the reference "
@@ -102,6 +106,10 @@ def parse_args(argv=None) -> BenchSettings:
                                 help=f"{HELP[f.name]} (default: {f.default})")
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None and v is not False}
     settings = BenchSettings(**{**(QUICK if given.get("quick") else {}), **given})
+    try:
+        tree_size(settings)
+    except ValueError as err:
+        parser.error(str(err))
     return replace(settings, heads=default_heads(settings), out=settings.out or str(default_out(settings.model)))
 
 
@@ -130,6 +138,18 @@ def model_name(model: str) -> str:
 
 def default_out(model: str) -> Path:
     return EXAMPLES / model_name(model) / "bench"
+
+
+def tree_size(settings: BenchSettings) -> int | str | None:
+    """--tree-size as SelfSpecModel takes it: None (no tree rows), an int >= 1, or "auto"."""
+    value = settings.tree_size
+    if value is None or value.lower() in ("none", "off", "0"):
+        return None
+    if value == "auto":
+        return value
+    if not value.isdigit():
+        raise ValueError(f"--tree-size must be an integer >= 1 or 'auto', got {value!r}")
+    return int(value)
 
 
 def optional(value: str | None) -> str | None:

@@ -247,3 +247,36 @@ def test_a_missing_directory_fails_in_one_line(tiny, tmp_path, missing):
         bench.main(["--model", paths["model"], "--heads", paths["heads"]])
     message = str(exit_info.value)
     assert "\n" not in message and paths[missing] in message
+
+
+@pytest.mark.parametrize("flag, expected", [(None, None), ("4", 4), ("auto", "auto"), ("off", None)])
+def test_tree_size_flag(flag, expected):
+    from selfspec.bench.settings import tree_size
+
+    assert tree_size(parse_args([] if flag is None else ["--tree-size", flag])) == expected
+
+
+def test_a_bad_tree_size_exits_with_argparse_status():
+    with pytest.raises(SystemExit) as exit_info:
+        parse_args(["--tree-size", "big"])
+    assert exit_info.value.code == 2
+
+
+def test_tree_rows_sit_beside_the_chain_rows():
+    from heads import MedusaHeads
+    from heads.eagle import EagleHead
+    from selfspec.bench.models import Loaded
+    from selfspec.bench.run import main_methods
+
+    model = tiny_text_model(seed=0)
+    loaded = Loaded(model, None, MedusaHeads.for_model(model, num_heads=2), None, EagleHead.for_model(model).eval(),
+                    None, 1, 1, None, None)
+    methods, specs = main_methods(parse_args(["--tree-size", "auto", "--fixed-k", "2"]), loaded, [])
+    names = [m.name for m in methods]
+    medusa = names.index("selfspec medusa (default)")
+    assert names[medusa: medusa + 4] == [
+        "selfspec medusa (default)", "selfspec medusa k=2", "selfspec medusa tree=6 (default)", "selfspec medusa tree=6 k=2"]
+    assert next(m for m in methods if m.name == "selfspec medusa tree=6 k=2").spec.tree_size == 6
+    assert "medusa tree=6" not in " ".join(specs)  # the sweep stays with chains
+    if "eagle" in specs:  # an EAGLE chain row, then its tree row
+        assert names.index("selfspec eagle tree=6 (default)") == names.index("selfspec eagle k=2") + 1
