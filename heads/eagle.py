@@ -113,8 +113,14 @@ class EagleHead(nn.Module):
                 for linear in _output_projections(layer):
                     linear.weight.zero_()
             base_norm = getattr(model.get_decoder(), "norm", None)
-            if base_norm is not None and getattr(base_norm, "weight", None) is not None:
-                head.norm.weight.copy_(base_norm.weight)  # predicted features start on the base's feature scale
+            weight = getattr(base_norm, "weight", None)
+            if weight is not None and weight.shape == head.norm.weight.shape:
+                # The base's features carry its final norm's weight w. Undo it on the way in and apply it on the way
+                # out, so a fresh head maps a feature to (about) itself instead of scaling it by w twice (which made
+                # SmolLM2's initial logits wildly over-confident: a loss of 36 nats).
+                safe = torch.where(weight.abs() < 0.05, torch.where(weight < 0, -0.05, 0.05).to(weight), weight)
+                head.feature_norm.weight.copy_(1.0 / safe)
+                head.norm.weight.copy_(weight)
             if draft_vocab is not None:
                 head.draft_vocab.copy_(draft_vocab)
         return attach(head, model, config.base, "the EAGLE head").train()

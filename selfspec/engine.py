@@ -69,7 +69,11 @@ class SelfSpecModel:
     tree_size: verify a tree of up to this many draft tokens per step instead of a chain (Medusa and EAGLE drafters
     build trees; others keep proposing chains); None or 0: chains; "auto": a node budget from this device's prior
     verify cost (`resolve_tree_size`). Needs a model whose attention takes a custom 4D mask (checked here) and
-    cannot be combined with early exit. The draft-length policy's k then caps the tree's depth.
+    cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: stats, the "auto"
+    policy and the verify-cost curve see a tree step as N drafted tokens (the nodes verified) of which the accepted
+    path's length was accepted, so "auto" learns per-depth acceptance and the real cost of verifying N; it still
+    prices a candidate k as k verified tokens, so with trees it drafts somewhat more readily than their cost warrants
+    (useless drafts still turn drafting off: tests/selfspec/test_tree_engine.py).
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
@@ -292,7 +296,8 @@ class SelfSpecModel:
         if ids.dim() == 2:
             if ids.shape[0] != 1:
                 raise ValueError(
-                    f"selfspec decodes one sequence at a time; got a batch of {ids.shape[0]}. Call generate per prompt."
+                    f"got a [{ids.shape[0]}, T] tensor: a padded batch is ambiguous (which ids are padding?). Pass several "
+                    "prompts as a list instead (of strings, id lists or 1-D tensors): generate([p1, p2, ...])"
                 )
             ids = ids[0]
         if ids.dim() != 1 or ids.shape[0] == 0:

@@ -122,7 +122,7 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         specs["medusa"], extras["medusa"] = SelfSpecModel(model, drafter="medusa", heads=loaded.heads), loaded.heads
     if loaded.eagle is not None:
         try:
-            specs["eagle"] = SelfSpecModel(model, drafter="eagle", head=loaded.eagle)
+            specs["eagle"] = SelfSpecModel(model, heads=loaded.eagle)
             extras["eagle"] = loaded.eagle
         except (ValueError, TypeError, NotImplementedError) as err:
             notes.append(f"eagle skipped: this engine does not take drafter='eagle' yet ({err})")

@@ -76,8 +76,8 @@ def test_prompt_past_the_context_window():
     assert spec.generate(random_prompt(54), max_new_tokens=10, eos_token_id=[]).sequences.shape == (1, 64)
 
 
-def test_batches_are_refused(spec):
-    with pytest.raises(ValueError, match="one sequence at a time"):
+def test_a_padded_batch_tensor_is_refused_with_the_list_api_named(spec):
+    with pytest.raises(ValueError, match="Pass several prompts as a list"):
         spec.generate(torch.randint(3, 90, (2, 5)))
 
 
