@@ -72,8 +72,7 @@ class SelfSpecModel:
     cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: stats, the "auto"
     policy and the verify-cost curve see a tree step as N drafted tokens (the nodes verified) of which the accepted
     path's length was accepted, so "auto" learns per-depth acceptance and the real cost of verifying N; it still
-    prices a candidate k as k verified tokens, so with trees it drafts somewhat more readily than their cost warrants
-    (useless drafts still turn drafting off: tests/selfspec/test_tree_engine.py).
+    prices a candidate k as k verified tokens, so with trees it drafts somewhat more readily than their cost warrants.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
