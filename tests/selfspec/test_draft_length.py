@@ -3,7 +3,6 @@ weighs the device's verify cost, and never changes what greedy decoding returns.
 import pytest
 import torch
 
-from heads import MedusaHeads
 from selfspec import Draft, SelfSpecModel
 from selfspec.draft_length import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
 from selfspec.target import TargetModel

@@ -7,7 +7,6 @@ seen to fail for (at this sample count: p-values below 1e-6, or a sample the law
 """
 from __future__ import annotations
 
-import pytest
 import torch
 import transformers
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 from transformers import TextIteratorStreamer, TextStreamer
 
-from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.streaming import TextDecoder
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
