@@ -150,7 +150,8 @@ class EagleHead(nn.Module):
         if self.rotary_emb is not None:
             extra["position_embeddings"] = self.rotary_emb(fused, position_ids)
         mask = create_causal_mask(
-            config=self.layer_config, inputs_embeds=fused, attention_mask=attention_mask, cache=cache, position_ids=position_ids,
+            config=self.layer_config, inputs_embeds=fused, attention_mask=attention_mask, cache=cache,
+            position_ids=position_ids,
         )
         hidden = fused
         for layer in self.layers:

@@ -275,7 +275,9 @@ def test_tree_rows_sit_beside_the_chain_rows():
     names = [m.name for m in methods]
     medusa = names.index("selfspec medusa (default)")
     assert names[medusa: medusa + 4] == [
-        "selfspec medusa (default)", "selfspec medusa k=2", "selfspec medusa tree=6 (default)", "selfspec medusa tree=6 k=2"]
+        "selfspec medusa (default)", "selfspec medusa k=2", "selfspec medusa tree=6 (default)",
+        "selfspec medusa tree=6 k=2",
+    ]
     assert next(m for m in methods if m.name == "selfspec medusa tree=6 k=2").spec.tree_size == 6
     assert "medusa tree=6" not in " ".join(specs)  # the sweep stays with chains
     if "eagle" in specs:  # an EAGLE chain row, then its tree row

@@ -239,7 +239,8 @@ def test_chain_drafters_keep_proposing_chains_with_tree_size():
     assert seen and set(seen) == {6}
     ngram = SelfSpecModel(model, drafter="ngram", tree_size=4)
     assert torch.equal(ngram.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
-    assert SelfSpecModel(model, drafter="ngram").tree_size == SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
+    assert SelfSpecModel(model, drafter="ngram").tree_size == 0
+    assert SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
 
 
 class TreeOfTwo:
