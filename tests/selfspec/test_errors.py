@@ -102,7 +102,12 @@ def test_medusa_without_heads(model):
 
 
 def test_unknown_drafter(model):
-    with pytest.raises(ValueError, match="unknown drafter 'eagle'"):
+    with pytest.raises(ValueError, match="unknown drafter 'lookahead'"):
+        SelfSpecModel(model, drafter="lookahead")
+
+
+def test_eagle_without_a_head_says_how_to_get_one(model):
+    with pytest.raises(ValueError, match="training.heads --kind eagle"):
         SelfSpecModel(model, drafter="eagle")
 
 
