@@ -14,6 +14,8 @@ from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import assert_exercised
+from tests.selfspec.scripted_time import scripted_engine_clock
 from tests.selfspec.test_engine_sampling import PROMPT, engine_samples, randomized_heads, sharp_model
 
 NUM_SAMPLES = 1000
@@ -137,4 +139,25 @@ def test_auto_draft_length():
     spec = SelfSpecModel(model, heads=randomized_heads(model))
     law = exact_continuation_law(model, PROMPT, 4, T1)
     samples, stats = engine_samples(spec, T1, num_draft_tokens="auto", num_samples=NUM_SAMPLES)
+    assert law_pvalue(samples, law) > 1e-3
+
+
+def test_auto_draft_length_planning_from_step_times():
+    """Without a seed or generator, "auto" plans from the verify-cost curve it learns from timed steps (with a seed it
+    plans from the prior only, as above). On a scripted clock (each forward of n tokens takes 1 + 0.1 (n - 1) s) the
+    run is deterministic under torch.manual_seed, k varies, and the law is unchanged.
+    Catches (planted): the recovered token sampled from the target row instead of the residual."""
+    model = sharp_model()
+    spec = SelfSpecModel(model, heads=randomized_heads(model))
+    scripted_engine_clock(spec, lambda num_tokens: 1.0 + 0.1 * (num_tokens - 1))
+    law = exact_continuation_law(model, PROMPT, 4, T1)
+    torch.manual_seed(0)
+    samples, stats = [], []
+    for _ in range(NUM_SAMPLES):
+        out = spec.generate(PROMPT, max_new_tokens=4, do_sample=True, num_draft_tokens="auto", eos_token_id=[])
+        samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
+        stats.append(out.stats)
+    assert_exercised(stats)
+    assert len({s.drafted for s in stats}) > 1  # the number drafted varied
+    assert spec.verify_cost().num_observed > 0  # the curve was learned from the (scripted) step times
     assert law_pvalue(samples, law) > 1e-3
