@@ -43,8 +43,8 @@ timeout 110 python3 examples/verify_cost.py --device cuda --dtype bfloat16 --jso
 # writes its JSON and table after every phase, so a timeout still leaves the phases that finished.
 for dtype in bfloat16 float32; do
     stamp "$([ $dtype = bfloat16 ] && echo 2/3 || echo 3/3) benchmark, reference model, $dtype"
-    timeout 160 python3 -m selfspec.bench --quick --device cuda --dtype $dtype \
-        --json "$OUT/bench-$dtype.json" --markdown "$OUT/bench-$dtype.md" --plot "$OUT/bench-$dtype.png" \
+    timeout 160 python3 -m selfspec.bench --quick --device cuda --dtype $dtype --tree-size auto \
+        --out "$OUT/bench-$dtype" \
         || echo "gpu_check: benchmark ($dtype) failed or timed out (exit $?)"
 done
 stamp "done"

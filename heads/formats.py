@@ -25,20 +25,20 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, load_state_in_its_dtype
-from heads.medusa import MedusaConfig, MedusaHeads
 
 PUBLISHED_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 VLLM_MODEL_TYPE = "medusa"
 _PREFIXES = ("medusa_head.", "medusa_heads.")  # some trainers save the parent module's state dict
 
 
-def load_published_medusa(directory, raw_config: dict, model=None) -> MedusaHeads:
-    """Published Medusa heads (or a vLLM export) in `directory` -> MedusaHeads on the CPU.
+def load_published_medusa(directory, raw_config: dict, model=None, build=None):
+    """Published Medusa heads (or a vLLM export) in `directory` -> MedusaHeads on the CPU, made by
+    `build(num_heads, num_layers, share_lm_head, base)` (`MedusaHeads.build`: this module knows layouts, not classes).
 
     `model` is needed only when the file has no LM projections of its own and config.json names no vocab size.
     """
     if raw_config.get("model_type") == VLLM_MODEL_TYPE and os.path.isfile(os.path.join(directory, WEIGHTS_NAME)):
-        return load_vllm(directory, raw_config, model)
+        return load_vllm(directory, raw_config, model, build)
     state = _read_published_weights(directory)
     block = re.compile(r"(\d+)\.(\d+)\.linear\.weight")
     layers_per_head: dict[int, set[int]] = {}
@@ -73,7 +73,7 @@ def load_published_medusa(directory, raw_config: dict, model=None) -> MedusaHead
     base = BaseIdentity(
         hidden_size=hidden_size, vocab_size=vocab_size, name_or_path=str(raw_config.get("base_model_name_or_path", ""))
     )
-    heads = MedusaHeads(MedusaConfig(num_heads, num_layers, share_lm_head, base))
+    heads = build(num_heads, num_layers, share_lm_head, base)
     ours = {}
     for i in range(num_heads):
         for j in range(num_layers):
@@ -85,7 +85,7 @@ def load_published_medusa(directory, raw_config: dict, model=None) -> MedusaHead
     return heads
 
 
-def save_vllm(heads: MedusaHeads, directory, model=None) -> None:
+def save_vllm(heads, directory, model=None) -> None:
     """Write `heads` as vLLM's Medusa draft model. With a shared LM head vLLM needs the base LM head in the file,
     so pass the base `model` (its LM head weight is written as `lm_heads.0.weight`)."""
     config = heads.config
@@ -131,7 +131,7 @@ def save_vllm(heads: MedusaHeads, directory, model=None) -> None:
     save_file(state, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
 
 
-def load_vllm(directory, raw_config: dict, model=None) -> MedusaHeads:
+def load_vllm(directory, raw_config: dict, model=None, build=None):
     """Read back what `save_vllm` (or another vLLM Medusa export) wrote."""
     if raw_config.get("truncated_vocab_size", raw_config["vocab_size"]) != raw_config["vocab_size"]:
         raise ValueError(f"{directory!r} uses a truncated vocabulary (token_map), which selfspec does not support")
@@ -143,7 +143,7 @@ def load_vllm(directory, raw_config: dict, model=None) -> MedusaHeads:
         hidden_size=raw_config["hidden_size"], vocab_size=raw_config["vocab_size"],
         name_or_path=str(raw_config.get("base_model_name_or_path", "")),
     )
-    heads = MedusaHeads(MedusaConfig(num_heads, num_layers, share_lm_head, base))
+    heads = build(num_heads, num_layers, share_lm_head, base)
     ours = {}
     for i in range(num_heads):
         for j in range(num_layers):
@@ -192,7 +192,7 @@ def _vocab_size(model, raw_config: dict, directory) -> int:
     )
 
 
-def _load_exact(heads: MedusaHeads, state: dict[str, torch.Tensor], directory) -> None:
+def _load_exact(heads, state: dict[str, torch.Tensor], directory) -> None:
     expected = heads.state_dict()
     for key, value in state.items():
         if value.shape != expected[key].shape:

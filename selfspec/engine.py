@@ -14,17 +14,16 @@ import torch
 from selfspec.draft_length import draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
-from selfspec.sampling import SamplingConfig, draw, logits_to_probs
+from selfspec.inputs import apply_chat_template, check_lengths, is_chat
+from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
-from selfspec.tree import DraftTree
-from selfspec.tree_cache import keep_path, path_offsets
-from selfspec.tree_forward import check_tree_support, tree_forward
-from selfspec.tree_verifier import verify_tree_greedy, verify_tree_sampled
-from selfspec.verifier import Verdict, verify_greedy, verify_sampled
+from selfspec.tree_forward import check_tree_drafting, resolve_tree_size
+from selfspec.verifier import Verdict
 from selfspec.verify_cost import LearnedVerifyCost, learned_verify_cost, prior_verify_cost
+from selfspec.verify_step import verify_chain, verify_tree
 
 # "auto": the number of draft tokens is chosen each step from the drafts' recent acceptance and this device's cost of
 # verifying them, so it falls to 0 (plain decoding through the engine) when drafts do not pay and comes back when they
@@ -87,7 +86,7 @@ class SelfSpecModel:
         self._verify_cost: LearnedVerifyCost | None = None
         self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
         if self.tree_size:
-            _check_tree_drafting(self.drafter, self.target)
+            check_tree_drafting(self.drafter, self.target)
 
     @property
     def heads(self):
@@ -196,7 +195,7 @@ class SelfSpecModel:
         """Check and encode everything before the first step (so `stream` fails at the call, not mid-iteration);
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
-        _check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
+        check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
         if options.reproducible:  # plan from acceptance and the prior curve only: the same k on every run
             policy = draft_length_policy(
                 options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False
@@ -245,7 +244,8 @@ class SelfSpecModel:
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
-            seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes())
+            seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes(),
+                                       draft.depth)
             self._observe(policy, draft, verdict, seconds, verify_seconds)
             yield emitted
         if self._verify_cost is not None:
@@ -268,25 +268,26 @@ class SelfSpecModel:
         pending + accepted -> (verdict, [num_accepted] accepted tokens, [num_accepted + 1, hidden] their states)."""
         pending = buffer[num_tokens - 1 : num_tokens]  # [1]
         if draft.parents is None:
-            return _verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator)
+            return verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator)
         if not self.tree_size:
             raise ValueError(
                 "the drafter proposed a tree (Draft.parents) but this SelfSpecModel was wrapped without tree_size, so "
                 "the model was not checked for tree drafts: pass tree_size=... to SelfSpecModel"
             )
-        return _verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator)
+        return verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator)
 
     def _observe(self, policy, draft: Draft, verdict: Verdict, seconds: float, verify_seconds: float) -> None:
         """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
         self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
-        policy.observe(draft.num_draft_tokens, verdict.num_accepted, seconds=seconds)
+        # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (its nodes).
+        policy.observe(draft.depth, verdict.num_accepted, seconds=seconds)
         if self._verify_cost is not None and draft.prefilled_layers == 0:  # a full forward verified these drafts
             self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)
 
     def _prompt_ids(self, input_ids) -> torch.Tensor:
         """str | list[int] | [T] | [1, T] | chat messages -> [T] long on the model's device."""
-        if _is_chat(input_ids):
-            input_ids = _apply_chat_template(self.tokenizer, input_ids)
+        if is_chat(input_ids):
+            input_ids = apply_chat_template(self.tokenizer, input_ids)
         elif isinstance(input_ids, str):
             if self.tokenizer is None:
                 raise ValueError("a string prompt needs a tokenizer: pass tokenizer=... or use from_pretrained")
@@ -315,93 +316,3 @@ class SelfSpecModel:
         if eos_token_id is None:
             return []
         return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
-
-
-def _verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
-    if sampling.greedy:
-        return verify_greedy(draft.tokens, target_logits)
-    return verify_sampled(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), generator)
-
-
-def _verify_chain(target, pending, draft: Draft, num_tokens: int, cache, sampling, generator):
-    """A chain: [pending, *draft.tokens] in one forward, the chain verifier, rollback by length."""
-    verify_ids = torch.cat([pending, draft.tokens])  # [k + 1]
-    # [k + 1, hidden]; an early-exit draft already ran the first layers over verify_ids: resume after them
-    hidden_all = target.forward(verify_ids, cache, draft.prefilled_layers, draft.prefilled_hidden)
-    verdict = _verify(draft, target.logits(hidden_all), sampling, generator)
-    cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
-    return verdict, draft.tokens[: verdict.num_accepted], hidden_all[: verdict.num_accepted + 1]
-
-
-def _verify_tree(target, pending, tree: DraftTree, num_tokens: int, cache, sampling, generator):
-    """A tree: [pending, *tree.tokens] in one forward with the tree's 4D mask, the tree verifier, then the cache keeps
-    the accepted path only (moved into place: no memory for rejected branches)."""
-    hidden_all = tree_forward(target, int(pending[0]), tree, cache)  # [num_nodes + 1, hidden], row 0 = pending
-    target_logits = target.logits(hidden_all)  # [num_nodes + 1, vocab]
-    if sampling.greedy:
-        verdict = verify_tree_greedy(tree, target_logits)
-    else:  # DISTINCT children need no draft_probs; SAMPLED ones carry theirs in the tree
-        verdict = verify_tree_sampled(tree, logits_to_probs(target_logits, sampling), generator)
-    rows = path_offsets(verdict.accepted_nodes)  # [num_accepted + 1] rows of pending + the accepted path
-    keep_path(cache, num_tokens - 1, rows)
-    accepted = tree.tokens[list(verdict.accepted_nodes)]  # [num_accepted]
-    return verdict, accepted, hidden_all[rows]
-
-
-# "auto" tree size: the most nodes whose verify forward costs at most this many one-token decodes on the prior curve
-# (6 on a CPU, 47 on an accelerator). A choice, not yet a measurement: a step that verifies N nodes must then accept
-# about one more token than a plain step to pay. The prior, not the learned curve, so that a seeded sample does not
-# change when a later process has learned another curve.
-AUTO_TREE_VERIFY_COST = 2.0
-MAX_TREE_SIZE = 64
-
-
-def resolve_tree_size(tree_size, device) -> int:
-    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> the node budget this device's prior curve affords."""
-    if tree_size is None:
-        return 0
-    if tree_size == "auto":
-        cost = prior_verify_cost(torch.device(device))
-        return max(n for n in range(1, MAX_TREE_SIZE + 1) if n == 1 or cost(n) <= AUTO_TREE_VERIFY_COST)
-    if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0:
-        raise ValueError(f'tree_size must be None, an integer >= 0 (0 = chains) or "auto", got {tree_size!r}')
-    return tree_size
-
-
-def _check_tree_drafting(drafter, target: TargetModel) -> None:
-    """Wrap-time refusals for tree drafts: early exit (its shared work has no tree path) and models whose attention
-    does not honour a custom 4D mask (`check_tree_support`)."""
-    from selfspec.drafters.early_exit import EarlyExitDrafter
-
-    if isinstance(drafter, EarlyExitDrafter):
-        raise ValueError(
-            "tree_size cannot be combined with drafter='early_exit': its drafts share their first layers' work with "
-            "verification, which only a chain can reuse. Use tree_size=None, or drafter='medusa' or 'eagle' for trees"
-        )
-    check_tree_support(target)
-
-
-def _check_lengths(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
-    if max_positions is not None and prompt_len + max_new_tokens > max_positions:
-        raise ValueError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context window "
-            f"of {max_positions} positions; shorten the prompt or lower max_new_tokens"
-        )
-
-
-def _is_chat(input_ids) -> bool:
-    return isinstance(input_ids, (list, tuple)) and len(input_ids) > 0 and isinstance(input_ids[0], dict)
-
-
-def _apply_chat_template(tokenizer, messages) -> list[int]:
-    """[{"role", "content"}, ...] -> ids of the conversation plus the assistant's generation prompt."""
-    if tokenizer is None:
-        raise ValueError("chat messages need a tokenizer: pass tokenizer=... to SelfSpecModel or use from_pretrained")
-    if getattr(tokenizer, "chat_template", None) is None:
-        raise ValueError(
-            f"the tokenizer ({type(tokenizer).__name__}) has no chat template, so chat messages cannot be formatted: "
-            "set tokenizer.chat_template, or pass the prompt as text or token ids"
-        )
-    return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False))

@@ -90,16 +90,20 @@ class StatsRecorder:
         self._emitted(num_emitted, cache_bytes)
         return seconds
 
-    def stepped(self, num_drafted: int, num_accepted: int, num_emitted: int, cache_bytes: int) -> float:
-        """One decode step (propose, verify, accept, roll back) ended; returns its seconds."""
+    def stepped(self, num_drafted: int, num_accepted: int, num_emitted: int, cache_bytes: int,
+                num_positions: int | None = None) -> float:
+        """One decode step (propose, verify, accept, roll back) ended; returns its seconds. num_positions: the draft
+        positions the step could accept (a tree's depth; default num_drafted, a chain's length), which the
+        per-position acceptance counts, while `drafted` counts every token verified."""
         seconds, stats = self.elapsed(), self.stats
         stats.target_forwards += 1
         stats.decode_seconds += seconds
         stats.drafted += num_drafted
         stats.accepted += num_accepted
+        positions = num_drafted if num_positions is None else num_positions
         for counts in (stats.drafted_by_position, stats.accepted_by_position):
-            counts.extend([0] * (num_drafted - len(counts)))
-        for i in range(num_drafted):
+            counts.extend([0] * (positions - len(counts)))
+        for i in range(positions):
             stats.drafted_by_position[i] += 1
             stats.accepted_by_position[i] += int(i < num_accepted)
         self._emitted(num_emitted, cache_bytes)

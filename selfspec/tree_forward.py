@@ -12,6 +12,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from selfspec.cache import KVCache
+from selfspec.verify_cost import prior_verify_cost
 from selfspec.target import TargetModel
 from selfspec.tree import DraftTree
 
@@ -91,3 +92,36 @@ def check_tree_support(target: TargetModel) -> None:
                 "a tree forward differs from a plain forward over the same path. Tree drafts need "
                 "attn_implementation='sdpa' or 'eager'; use a chain draft (tree_size=None) otherwise."
             )
+
+
+# "auto" tree size: the most nodes whose verify forward costs at most this many one-token decodes on the prior curve
+# (6 on a CPU, 47 on an accelerator). A choice, not yet a measurement: a step that verifies N nodes must then accept
+# about one more token than a plain step to pay. The prior, not the learned curve, so that a seeded sample does not
+# change when a later process has learned another curve.
+AUTO_TREE_VERIFY_COST = 2.0
+MAX_TREE_SIZE = 64
+
+
+def resolve_tree_size(tree_size, device) -> int:
+    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> the node budget this device's prior curve affords."""
+    if tree_size is None:
+        return 0
+    if tree_size == "auto":
+        cost = prior_verify_cost(torch.device(device))
+        return max(n for n in range(1, MAX_TREE_SIZE + 1) if n == 1 or cost(n) <= AUTO_TREE_VERIFY_COST)
+    if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0:
+        raise ValueError(f'tree_size must be None, an integer >= 0 (0 = chains) or "auto", got {tree_size!r}')
+    return tree_size
+
+
+def check_tree_drafting(drafter, target: TargetModel) -> None:
+    """Wrap-time refusals for tree drafts: early exit (its shared work has no tree path) and models whose attention
+    does not honour a custom 4D mask (`check_tree_support`)."""
+    from selfspec.drafters.early_exit import EarlyExitDrafter
+
+    if isinstance(drafter, EarlyExitDrafter):
+        raise ValueError(
+            "tree_size cannot be combined with drafter='early_exit': its drafts share their first layers' work with "
+            "verification, which only a chain can reuse. Use tree_size=None, or drafter='medusa' or 'eagle' for trees"
+        )
+    check_tree_support(target)

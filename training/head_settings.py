@@ -32,6 +32,7 @@ class HeadSettings:
     exit_layer: int = 0
     draft_vocab_size: int = 0
     eagle_passes: int = 3
+    init: str = ""
     glob: str = "**/*.txt"
     eval_data: tuple[str, ...] = ()
     heldout_fraction: float = corpus.DEFAULT_HELDOUT_FRACTION
@@ -102,6 +103,8 @@ _HELP = {
     "data (the base's own outputs for --chat), projecting onto N rows of the LM head (SmolLM2: 8192 of 49152 rows, "
     "6x cheaper per draft token; measured coverage of held-out replies in examples/smollm2/)",
     "eagle_passes": "3: EAGLE passes per batch; pass j >= 2 reads the features pass j-1 predicted, as drafts 2.. do",
+    "init": "start from the heads in this directory (same kind, same base) instead of fresh ones, e.g. to continue "
+    "training on more data; their draft vocabulary is kept",
     "glob": "**/*.txt: which files of a --data directory are text; pass '**/*.py' for Python source",
     "eval_data": "held-out text in the same forms as --data; default: held out from --data by a hash of each "
     "file's path (text) or record (chat data)",

@@ -139,8 +139,12 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
         _write_eval(out, result, accelerator)
         return result
 
-    draft_vocab = choose_draft_vocab(settings, records, target.vocab_size)
-    head = recipe.new_head(model, settings, draft_vocab).to(dtype)
+    if settings.init:  # warm start: the given heads (and their draft vocabulary) instead of fresh ones
+        head = recipe.load_head(settings.init, model).to(dtype).train()
+        draft_vocab = getattr(head, "draft_vocab", None)
+    else:
+        draft_vocab = choose_draft_vocab(settings, records, target.vocab_size)
+        head = recipe.new_head(model, settings, draft_vocab).to(dtype)
     teacher = Teacher(target, draft_vocab)
     num_params = sum(p.numel() for p in head.parameters())
     base_params = sum(p.numel() for p in model.parameters())

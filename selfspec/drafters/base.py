@@ -58,6 +58,13 @@ class Draft:
     def num_draft_tokens(self) -> int:
         return self.tokens.shape[0]
 
+    @property
+    def depth(self) -> int:
+        """Draft positions one step can accept: the chain's length, or the tree's deepest level."""
+        if self.parents is None or not self.num_draft_tokens:
+            return self.num_draft_tokens
+        return int(self.tree().depths.max())
+
     def tree(self) -> DraftTree:
         """The draft as a `DraftTree` (a chain when `parents` is None); checks the tree's rules."""
         if self.parents is None:

@@ -60,7 +60,8 @@ def test_generate_streams_the_completion_and_summarises_on_stderr(model_dir, ref
 def test_mistakes_give_one_line_and_status_2(tmp_path, model_dir):
     cases = [
         (["generate", "--model", model_dir, "--prompt", "x", "--bogus"], ["unrecognized arguments: --bogus"]),
-        (["generate", "--model", str(tmp_path / "missing"), "--prompt", "x"], ["--model", "no such directory"]),
+        (["generate", "--model", str(tmp_path / "missing"), "--prompt", "x"], ["--model", "not a model directory"]),
+        (["generate", "--model", str(tmp_path / "absent.gguf"), "--prompt", "x"], ["--model", "a .gguf file"]),
         (["generate", "--model", model_dir, "--prompt-file", str(tmp_path / "none.txt")], ["no such file"]),
         (["generate", "--model", model_dir, "--prompt", "x", "--top-p", "2"], ["--top-p"]),
         (["generate", "--model", model_dir], ["--prompt"]),

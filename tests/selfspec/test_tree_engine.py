@@ -9,11 +9,11 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-import selfspec.engine
+import selfspec.verify_step
 from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import Draft, DraftContext
-from selfspec.engine import resolve_tree_size
+from selfspec.tree_forward import resolve_tree_size
 from selfspec.sampling import SamplingConfig
 from selfspec.tree_verifier import try_sampled_child, walk_tree
 from tests.conftest import random_prompt, tiny_model
@@ -30,7 +30,7 @@ class TreeSpy:
     def __init__(self, monkeypatch):
         self.steps = []
         for name in ("verify_tree_greedy", "verify_tree_sampled"):
-            monkeypatch.setattr(selfspec.engine, name, self._recording(getattr(selfspec.engine, name)))
+            monkeypatch.setattr(selfspec.verify_step, name, self._recording(getattr(selfspec.verify_step, name)))
 
     def _recording(self, verify):
         def spy(tree, *args):
@@ -185,7 +185,7 @@ def test_the_tree_law_test_catches_a_verifier_that_skips_renormalising(monkeypat
     def skip_renormalising(tree, target_probs, generator=None):
         return walk_tree(tree, target_probs, generator, distinct_no_renormalise, try_sampled_child)
 
-    monkeypatch.setattr(selfspec.engine, "verify_tree_sampled", skip_renormalising)
+    monkeypatch.setattr(selfspec.verify_step, "verify_tree_sampled", skip_renormalising)
     samples, stats = tree_law_samples(spec)
     assert_exercised(stats, what="planted tree verifier bug")
     assert law_pvalue(samples, exact_continuation_law(model, PROMPT, NUM_NEW, SAMPLING)) < 1e-6
