@@ -16,7 +16,6 @@ however busy the machine is), which makes weights depend on the machine's speed.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -27,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from training import corpus
+from training.flags import parse_settings
 from training.schedule import warmup_cosine
 
 
@@ -110,15 +110,7 @@ _HELP = {
 
 
 def parse_args(argv: list[str] | None = None) -> BaseSettings:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for field in dataclasses.fields(BaseSettings):
-        flag = "--" + field.name.replace("_", "-")
-        kind = {"int": int, "float": float}.get(field.type, str)
-        if field.default is dataclasses.MISSING:
-            parser.add_argument(flag, type=kind, required=True, help=_HELP[field.name])
-        else:
-            parser.add_argument(flag, type=kind, default=field.default, help=_HELP[field.name])
-    return BaseSettings(**vars(parser.parse_args(argv)))
+    return parse_settings(BaseSettings, _HELP, argv, __doc__.splitlines()[0])
 
 
 def build_model(settings: BaseSettings, tokenizer):

@@ -11,7 +11,6 @@ the hidden states each step computes anyway. Knows nothing about heads or losses
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -22,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from training import prompts as prompt_sets
+from training.flags import parse_settings
 
 META_NAME = "meta.json"
 
@@ -39,15 +39,21 @@ class ChatDataSettings:
     first_prompt: int = 0  # skip this many prompts of the shuffled order (to extend a dataset with new prompts)
 
 
+_HELP = {
+    "model": "the base: a directory, a .gguf file or 'smollm2'; needs a tokenizer with a chat template",
+    "out": "directory for shard_*.pt (written as each batch completes) and meta.json",
+    "time_budget": "1500 s for the whole run, model loading included; it stops before a batch that would not fit",
+    "max_new_tokens": "192: reply tokens at most (SmolLM2's replies often run longer; a cap keeps batches short)",
+    "batch_size": "32: replies written together (batched generate, left-padded)",
+    "sampled_every": "3: every third batch samples (T=0.7, top-p 0.9), the rest are greedy; 0 = all greedy",
+    "threads": "0 = every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)",
+    "seed": "0: the prompts' shuffled order and the sampled batches",
+    "first_prompt": "0: skip this many prompts of the shuffled order (to extend a dataset with new prompts)",
+}
+
+
 def parse_args(argv=None) -> ChatDataSettings:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    for field in ChatDataSettings.__dataclass_fields__.values():
-        flag = "--" + field.name.replace("_", "-")
-        if field.default is field.default_factory:  # required
-            parser.add_argument(flag, required=True)
-        else:
-            parser.add_argument(flag, type=type(field.default), default=field.default)
-    return ChatDataSettings(**vars(parser.parse_args(argv)))
+    return parse_settings(ChatDataSettings, _HELP, argv, __doc__.split("\n\n")[0])
 
 
 class FinalNormRecorder:

@@ -1,13 +1,11 @@
 """`python -m training.heads` settings: one frozen dataclass, one command-line flag per field, a reason per default."""
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import types
 import typing
 from dataclasses import dataclass
 
 from training import corpus
+from training.flags import parse_settings
 
 KINDS = ("medusa", "eagle", "exit-adapter")
 EPILOG = """examples:
@@ -142,32 +140,4 @@ _HELP = {
 
 
 def parse_args(argv: list[str] | None = None) -> HeadSettings:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EPILOG,
-    )
-    hints = typing.get_type_hints(HeadSettings)
-    for field in dataclasses.fields(HeadSettings):
-        flag = "--" + field.name.replace("_", "-")
-        kind = hints[field.name]
-        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # `float | None`: a float flag, default None
-            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
-        options: dict = {"help": _HELP[field.name]}
-        if field.default is dataclasses.MISSING:
-            options["required"] = True
-        else:
-            options["default"] = field.default
-        if kind is bool:
-            action = argparse.BooleanOptionalAction if field.default else "store_true"
-            parser.add_argument(flag, action=action, **options)
-        elif typing.get_origin(kind) is tuple:
-            parser.add_argument(flag, nargs="+", metavar="PATH", **options)
-        elif typing.get_origin(kind) is typing.Literal:
-            parser.add_argument(flag, choices=typing.get_args(kind), **options)
-        else:
-            parser.add_argument(flag, type=kind, **options)
-    args = vars(parser.parse_args(argv))
-    try:
-        return HeadSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
-    except ValueError as err:
-        parser.error(str(err))
+    return parse_settings(HeadSettings, _HELP, argv, "Train drafting heads on a frozen causal LM", EPILOG)

@@ -64,3 +64,29 @@ def law_pvalue(samples: list[tuple], law: dict[tuple, float]) -> float:
 
 def all_sequences(vocab: int, length: int):
     return list(itertools.product(range(vocab), repeat=length))
+
+
+LAW_VOCAB = 4  # a 4-token vocabulary: the law of a 4-token continuation has at most 256 outcomes
+
+
+def law_model(seed: int = 0):
+    """A tiny float64 Llama over LAW_VOCAB tokens whose next-token distributions are far from uniform (so drafts
+    matter): the model every law test enumerates."""
+    from tests.conftest import tiny_model
+
+    model = tiny_model("llama", seed=seed, vocab_size=LAW_VOCAB, hidden=16, num_layers=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+def randomized_medusa(model, seed: int = 1, num_heads: int = 3):
+    """Medusa heads pushed off the identity by noise: right at times, wrong at others."""
+    from heads import MedusaHeads
+
+    heads = MedusaHeads.for_model(model, num_heads=num_heads)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return heads

@@ -8,7 +8,7 @@ from heads.eagle import EagleHead
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
 from tests.conftest import random_prompt, tiny_model
-from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue
 from tests.selfspec.exercised import assert_exercised
 from training import features as feature_data
 from training import head_data
@@ -103,13 +103,6 @@ def test_the_head_cache_holds_one_entry_per_committed_position():
 
 VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 1500
 PROMPT = torch.tensor([[3, 1, 2, 3, 1]])
-
-
-def law_model():
-    model = tiny_model("llama", seed=0, vocab_size=VOCAB, hidden=16, num_layers=1)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(6.0)
-    return model
 
 
 def randomized_head(model, draft_vocab=None, seed=1):

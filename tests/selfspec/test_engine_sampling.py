@@ -7,12 +7,10 @@ import pytest
 import torch
 
 import selfspec.verify_step
-from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
 from selfspec.verifier import Verdict, verify_sampled
-from tests.conftest import tiny_model
-from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue, randomized_medusa
 from tests.selfspec.exercised import assert_exercised
 
 VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 2000
@@ -20,20 +18,11 @@ PROMPT = torch.tensor([[3, 1, 2, 3, 1]])  # repeats, so the n-gram drafter propo
 
 
 def sharp_model(seed=0):
-    """A tiny float64 model whose next-token distributions are far from uniform (so drafts matter)."""
-    model = tiny_model("llama", seed=seed, vocab_size=VOCAB, hidden=16, num_layers=1)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(6.0)
-    return model
+    return law_model(seed)
 
 
 def randomized_heads(model, seed=1):
-    heads = MedusaHeads.for_model(model, num_heads=3)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return heads
+    return randomized_medusa(model, seed)
 
 
 def engine_samples(spec, sampling: SamplingConfig, num_draft_tokens=2, seed=0, num_samples=NUM_SAMPLES,

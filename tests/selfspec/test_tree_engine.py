@@ -10,14 +10,14 @@ import torch
 from transformers import AttentionInterface
 
 import selfspec.verify_step
-from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.tree_forward import resolve_tree_size
 from selfspec.sampling import SamplingConfig
 from selfspec.tree_verifier import try_sampled_child, walk_tree
 from tests.conftest import random_prompt, tiny_model
-from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue
+from tests.selfspec.exactness import randomized_medusa as shared_randomized_medusa
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
 from tests.selfspec.test_eagle import randomized_head, sharp, trained_head
 from tests.selfspec.test_tree_forward import causal_only_attention
@@ -135,21 +135,8 @@ PROMPT = torch.tensor([[3, 1, 2, 3, 1]])
 SAMPLING = SamplingConfig(do_sample=True, temperature=0.9)
 
 
-def law_model():
-    """A 4-token float64 model: the law of a 4-token continuation has at most 256 outcomes."""
-    model = tiny_model("llama", seed=0, vocab_size=VOCAB, hidden=16, num_layers=1)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(6.0)
-    return model
-
-
 def randomized_medusa(model, seed=1):
-    heads = MedusaHeads.for_model(model, num_heads=3)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return heads
+    return shared_randomized_medusa(model, seed)
 
 
 def tree_law_samples(spec):
