@@ -11,8 +11,10 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 class KVCache:
-    def __init__(self, model):
-        self.hf_cache = DynamicCache(config=model.config)
+    def __init__(self, model, hf_cache: DynamicCache | None = None):
+        """The cache of `model` (a fresh DynamicCache for its config), or `hf_cache` when given (a drafting head's own
+        cache, built from the head's config); `model` then only names the owner in errors."""
+        self.hf_cache = DynamicCache(config=model.config) if hf_cache is None else hf_cache
         for layer in self.hf_cache.layers:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 # Keep the tokens a rollback may need to restore; `crop` trims back to the window afterwards.

@@ -57,10 +57,11 @@ def load_base(settings: HeadSettings, device: torch.device):
     return model
 
 
-def build_records(settings: HeadSettings, target, started: float, process_index: int = 0) -> tuple[list, list]:
-    """(train records, held-out records) with the base's features, from --data / --chat / --self-generate."""
-    needs_exit = settings.kind == "exit-adapter"
-    exit_layer = recipe_for(settings, target.num_layers).exit_layer if needs_exit else 0
+def build_records(settings: HeadSettings, target, recipe, started: float, process_index: int = 0) -> tuple[list, list]:
+    """(train records, held-out records) with the base's features, from --data / --chat / --self-generate; with the
+    first layers' output too when the recipe trains an exit adapter."""
+    exit_layer = getattr(recipe, "exit_layer", 0)
+    needs_exit = exit_layer > 0
     records, heldout, text_rows = [], [], []
     chat_dirs = [d for d in settings.data if (Path(d) / "meta.json").is_file()]
     text_sources = tuple(d for d in settings.data if d not in chat_dirs)
@@ -123,7 +124,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
             "(max_position_embeddings); lower --seq-len"
         )
     recipe = recipe_for(settings, target.num_layers)
-    records, heldout_records = build_records(settings, target, started, accelerator.process_index)
+    records, heldout_records = build_records(settings, target, recipe, started, accelerator.process_index)
     data_seconds = time.time() - started
     train = feature_data.PositionStream(records, "the training data")
     eval_batches = feature_data.PositionStream(heldout_records, "the held-out data").fixed_batches(

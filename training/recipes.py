@@ -107,10 +107,14 @@ class MedusaRecipe:
         return MedusaHeads.from_pretrained(directory, model=model)
 
     def _head_logits(self, head, batch: Batch, teacher: Teacher):
-        states = head(batch.features, lambda x: x)  # [B, L, K, H] (a shared LM head: project only where needed)
+        """(k, n) -> head k's logits at positions 0..n-1; the heads run once per batch either way."""
         if getattr(head, "module", head).config.share_lm_head:
+            states = head(batch.features, lambda x: x)  # [B, L, K, H]: project only where a target exists
             return lambda k, n: teacher.logits(states[:, :n, k])
-        return lambda k, n: head(batch.features[:, :n], teacher.logits)[:, :, k]
+        logits = head(batch.features, teacher.logits)  # [B, L, K, vocab]: own full-vocabulary LM heads
+        if teacher.draft_vocab is not None:
+            logits = logits[..., teacher.draft_vocab]  # [B, L, K, N]: the draft vocabulary, as the drafter reads
+        return lambda k, n: logits[:, :n, k]
 
     def _targets(self, batch: Batch, k: int):
         n = batch.features.shape[1] - 1 - k  # positions t whose target h_{t+1+k} is inside the window

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from selfspec.cache import KVCache
 from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module, top_draft_tokens
 from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier
 from selfspec.sampling import top_probability
@@ -55,15 +56,16 @@ class EagleDrafter:
         num_tokens, num_new = context.token_ids.shape[0], new_features.shape[0]
         first = num_tokens - 1 - num_new  # position of new_features[0]; it predicts token_ids[first + 1]
         if first == 0 or self._cache is None:  # a new sequence
-            self._cache, self._real_length = self.head.new_cache(), 0
+            self._cache, self._real_length = KVCache(self.head, self.head.new_cache()), 0
         if first != self._real_length:
             raise RuntimeError(
                 f"the EAGLE drafter saw positions up to {self._real_length} but the next new feature is at {first}: "
                 "every committed position's hidden state must reach it (DraftContext.hidden_states)"
             )
-        _crop(self._cache, self._real_length)  # drop the entries the previous proposal drafted on predicted features
+        self._cache.rollback(self._real_length)  # drop the entries the previous proposal drafted on predicted features
         positions = torch.arange(first, num_tokens - 1, device=new_features.device)
-        features = self.head(new_features[None], self.embed(context.token_ids[first + 1 :])[None], positions[None], self._cache)
+        next_embeddings = self.embed(context.token_ids[first + 1 :])[None]
+        features = self.head(new_features[None], next_embeddings, positions[None], self._cache.hf_cache)
         self._real_length = num_tokens - 1
         feature = features[0, -1:]  # [1, hidden] predicted feature of the pending token's position
         if context.tree_size:
@@ -80,7 +82,7 @@ class EagleDrafter:
                 draft_probs.append(probs)
             if step + 1 < context.num_draft_tokens:
                 position = torch.full((1, 1), num_tokens - 1 + step, device=token.device)
-                feature = self.head(feature[None], self.embed(token)[None], position, self._cache)[0]
+                feature = self.head(feature[None], self.embed(token)[None], position, self._cache.hf_cache)[0]
         if not tokens:
             return Draft.empty(context.token_ids.device)
         return Draft(torch.cat(tokens), torch.cat(draft_probs) if draft_probs else None)
@@ -109,11 +111,11 @@ class EagleDrafter:
             if expand.numel() == 0:
                 break
             parent_rows = (expand // tokens.shape[1]).tolist()
-            slots_before = self._cache.get_seq_length()
+            slots_before = self._cache.length
             mask = self._tree_mask([ancestor_slots[row] for row in parent_rows], slots_before, features.dtype, device)
             positions = torch.full((1, expand.shape[0]), pending_position + depth, device=device)
             features = self.head(features[expand // tokens.shape[1]][None], self.embed(tokens.flatten()[expand])[None],
-                                 positions, self._cache, attention_mask=mask)[0]  # [F', hidden]
+                                 positions, self._cache.hf_cache, attention_mask=mask)[0]  # [F', hidden]
             ancestor_slots = [ancestor_slots[row] + [slots_before + i] for i, row in enumerate(parent_rows)]
             ids, scores = ids[expand], scores[expand]
         tree_tokens, parents = candidates.best(context.tree_size)
@@ -134,9 +136,3 @@ class EagleDrafter:
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass
 
-
-def _crop(cache, length: int) -> None:
-    for layer in cache.layers:
-        excess = layer.get_seq_length() - length
-        if excess > 0:
-            layer.crop(-excess)

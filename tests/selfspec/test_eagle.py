@@ -89,7 +89,7 @@ def test_the_head_cache_holds_one_entry_per_committed_position():
 
     def propose(context):
         draft = original(context)
-        lengths.append((drafter._real_length, drafter._cache.get_seq_length(), context.token_ids.shape[0],
+        lengths.append((drafter._real_length, drafter._cache.length, context.token_ids.shape[0],
                         draft.num_draft_tokens))
         return draft
 
