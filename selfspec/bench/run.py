@@ -142,7 +142,17 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
                 methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} k={settings.fixed_k}",
                                                lambda s=variant: s, n, eos, drafter, settings.fixed_k,
                                                extra=extras.get(drafter)))
-    return methods, specs
+    return skipped(methods, settings.skip, notes), specs
+
+
+def skipped(methods: list[Method], skip: str | None, notes: list[str]) -> list[Method]:
+    """`methods` less those whose name contains a part of `skip` (comma-separated); the two baselines always stay."""
+    parts = [part.strip() for part in (skip or "").split(",") if part.strip()]
+    kept = [m for m in methods if m.name in (GENERATE, OFF) or not any(part in m.name for part in parts)]
+    left_out = [m.name for m in methods if m not in kept]
+    if left_out:
+        notes.append(f"left out with --skip: {', '.join(left_out)}")
+    return kept
 
 
 def tree_specs(settings: BenchSettings, model, extras: dict, notes: list[str]) -> dict:

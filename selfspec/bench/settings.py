@@ -26,6 +26,7 @@ class BenchSettings:
     fixed_k: int = 0
     tree_size: str | None = None
     prompt_lookup_tokens: int = 3
+    skip: str | None = None
     max_new_tokens: int = 96
     num_prompts: int = 4
     repeats: int = 3
@@ -63,6 +64,8 @@ HELP = {
                  "only (trees are new and not yet measured here)",
     "prompt_lookup_tokens": "transformers' prompt_lookup_num_tokens; 3 was its best on this project's CPU "
                             "(SmolLM2: 3 tokens 1.05x, 10 tokens 0.99x)",
+    "skip": "comma-separated parts of main-table method names to leave out, e.g. 'transformers early exit' (0.19x "
+            "on SmolLM2, and 5x slower to run than anything else); generate and speculation off always run",
     "max_new_tokens": "tokens per generation; 96 keeps code prompt + output within the 256 positions the reference "
                       "model trained on",
     "num_prompts": "held-out prompts (16 of each kind ship with the benchmark: chat questions for a model with a chat "

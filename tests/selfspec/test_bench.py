@@ -282,3 +282,21 @@ def test_tree_rows_sit_beside_the_chain_rows():
     assert "medusa tree=6" not in " ".join(specs)  # the sweep stays with chains
     if "eagle" in specs:  # an EAGLE chain row, then its tree row
         assert names.index("selfspec eagle tree=6 (default)") == names.index("selfspec eagle k=2") + 1
+
+
+def test_skip_leaves_out_named_rows_but_never_the_baselines():
+    """Planted bug caught: filtering without the baseline exemption dropped "generate" for --skip generate."""
+    from selfspec.bench.models import Loaded
+    from selfspec.bench.run import GENERATE, OFF, main_methods
+
+    model = tiny_text_model(seed=0)
+    loaded = Loaded(model, None, None, None, None, None, 1, 1, None, None)
+    notes = []
+    methods, _ = main_methods(parse_args(["--skip", "transformers early exit, ngram,generate"]), loaded, notes)
+    names = [m.name for m in methods]
+    assert GENERATE in names and OFF in names
+    assert not any("transformers early exit" in n or "ngram" in n for n in names)
+    assert "selfspec early_exit L=1 (default)" in names and any("prompt lookup" in n for n in names)
+    assert any("left out with --skip" in note and "ngram" in note for note in notes)
+    all_names = [m.name for m in main_methods(parse_args([]), loaded, [])[0]]
+    assert len(all_names) == len(names) + 2
