@@ -3,12 +3,19 @@ features. Input at position t: the base's final (post-norm) hidden state h_t and
 a predicted feature for position t+1, which the base's LM head (optionally restricted to a draft vocabulary) turns
 into a guess for token t+2, and which is fed back as the next input's feature.
 
-    fused = W [rmsnorm(h_t); rmsnorm(embed(x_{t+1}))]        (2H -> H)
-    f_{t+1} = norm(decoder_layer(fused))                     (the base's layer class, built from its config)
+Two layouts of the same idea (`EagleConfig.layout`):
 
-The layer is the base family's own class (found through `transformers`, never copied); the embedding and LM head are
-the base's, passed in at call time, so the head adds about 3 % of SmolLM2's parameters. Knows the module and its
-checkpoint; the drafter (`selfspec/drafters/eagle.py`) runs it with its own small KV cache.
+    "selfspec" (ours, the default):
+        fused = W [rmsnorm(h_t); rmsnorm(embed(x_{t+1}))]        (2H -> H)
+        f_{t+1} = norm(decoder_layer(fused))
+    "eagle1" (published EAGLE-1/2 heads and vLLM's EAGLE-1 drafter, see `heads/eagle_formats.py`):
+        fused = W [embed(x_{t+1}); h_t] (+ b)                    (embedding first, neither normed)
+        f_{t+1} = decoder_layer(fused)                           (layer 0 without its input norm, no output norm)
+
+Both read the same post-norm h_t and send f_{t+1} straight to the base's LM head. The layer is the base family's own
+class (found through `transformers`, never copied); the embedding and LM head are the base's, passed in at call time,
+so the head adds about 3 % of SmolLM2's parameters. Knows the module and its own checkpoint; other layouts on disk
+live in `heads/eagle_formats.py`; the drafter (`selfspec/drafters/eagle.py`) runs it with its own small KV cache.
 """
 from __future__ import annotations
 
@@ -23,14 +30,25 @@ from torch import nn
 from heads.checkpoint import BaseIdentity, attach, load_weights, read_config, save_checkpoint
 
 FORMAT_NAME = "selfspec-eagle"
+LAYOUTS = ("selfspec", "eagle1")
 
 
 @dataclass(frozen=True)
 class EagleConfig:
     base: BaseIdentity
-    base_config: dict  # the base's text config (`to_dict()`): rebuilds its decoder layer class without the base
+    # The config its decoder layers are built from (`to_dict()` with model_type): the base's text config, or for a
+    # published head its own config.json. Rebuilds the layer class without the base.
+    base_config: dict
     num_layers: int = 1
     draft_vocab_size: int = 0  # 0: the full vocabulary; N > 0: a `draft_vocab` buffer of N ids is stored
+    layout: str = "selfspec"  # "selfspec" (input and output norms) or "eagle1" (published EAGLE-1/2, vLLM): see above
+    fuse_bias: bool = False  # the fusion has a bias: only published EAGLE-1 heads trained with one (vLLM has none)
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"unknown EAGLE head layout {self.layout!r}; choose one of {LAYOUTS}")
+        if self.fuse_bias and self.layout != "eagle1":
+            raise ValueError("only the 'eagle1' layout has a fusion bias")
 
 
 def layer_config(base_config, num_layers: int):
@@ -85,11 +103,15 @@ class EagleHead(nn.Module):
         self.layer_config = layer_config(config.base_config, config.num_layers)
         layer_class, rotary_class = layer_classes(self.layer_config, model)
         eps = getattr(self.layer_config, "rms_norm_eps", None) or getattr(self.layer_config, "layer_norm_epsilon", 1e-6)
-        self.feature_norm = nn.RMSNorm(hidden, eps=eps)
-        self.embedding_norm = nn.RMSNorm(hidden, eps=eps)
-        self.fuse = nn.Linear(2 * hidden, hidden, bias=False)
+        published = config.layout == "eagle1"
+        # Identity norms hold no weights, so each layout's state dict names exactly what it has.
+        self.feature_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
+        self.embedding_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
+        self.fuse = nn.Linear(2 * hidden, hidden, bias=config.fuse_bias)
         self.layers = nn.ModuleList(layer_class(self.layer_config, layer_idx=i) for i in range(config.num_layers))
-        self.norm = nn.RMSNorm(hidden, eps=eps)
+        if published:
+            _drop_input_norm(self.layers[0])
+        self.norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
         self.rotary_emb = rotary_class(self.layer_config) if rotary_class is not None else None
         if config.draft_vocab_size:
             self.register_buffer("draft_vocab", torch.zeros(config.draft_vocab_size, dtype=torch.long))
@@ -97,22 +119,27 @@ class EagleHead(nn.Module):
             self.draft_vocab = None
 
     @classmethod
-    def for_model(cls, model, num_layers: int = 1, draft_vocab: torch.Tensor | None = None) -> "EagleHead":
-        """A fresh head for `model` on its device and dtype; the fusion starts as "take the feature" (W = [I, 0]), so
-        an untrained head already guesses what a Medusa head at the identity would."""
+    def for_model(
+        cls, model, num_layers: int = 1, draft_vocab: torch.Tensor | None = None, layout: str = "selfspec",
+    ) -> EagleHead:
+        """A fresh head for `model` on its device and dtype; the fusion starts as "take the feature" (W = [I, 0], or
+        [0, I] in the "eagle1" layout, whose concatenation puts the embedding first), so an untrained head already
+        guesses what a Medusa head at the identity would. layout="eagle1" trains a head vLLM can serve."""
         text_config = model.config.get_text_config(decoder=True)
         raw = text_config.to_dict()
         raw["model_type"] = text_config.model_type
-        config = EagleConfig(BaseIdentity.of(model), raw, num_layers, 0 if draft_vocab is None else len(draft_vocab))
+        config = EagleConfig(BaseIdentity.of(model), raw, num_layers, 0 if draft_vocab is None else len(draft_vocab),
+                             layout=layout)
         head = cls(config, model)
         with torch.no_grad():
             hidden = config.base.hidden_size
             head.fuse.weight.zero_()
-            head.fuse.weight[:, :hidden].copy_(torch.eye(hidden))
+            feature_columns = slice(hidden, 2 * hidden) if layout == "eagle1" else slice(0, hidden)
+            head.fuse.weight[:, feature_columns].copy_(torch.eye(hidden))
             for layer in head.layers:  # zero the residual branches' outputs: the fresh layer is the identity
                 for linear in _output_projections(layer):
                     linear.weight.zero_()
-            base_norm = getattr(model.get_decoder(), "norm", None)
+            base_norm = getattr(model.get_decoder(), "norm", None) if layout == "selfspec" else None
             weight = getattr(base_norm, "weight", None)
             if weight is not None and weight.shape == head.norm.weight.shape:
                 # The base's features carry its final norm's weight w. Undo it on the way in and apply it on the way
@@ -140,12 +167,16 @@ class EagleHead(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """features [B, T, H] (h_t), next_embeddings [B, T, H] (embed(x_{t+1})), position_ids [B, T] (t) ->
-        [B, T, H] predicted post-norm features for positions t+1. With `cache`, the T positions follow its contents.
+        [B, T, H] predicted post-norm features for positions t+1 (what the LM head reads, in both layouts). With
+        `cache`, the T positions follow its contents.
         attention_mask: None (causal), or a 4D additive float mask [B, 1, T, cached + T] used as given (a tree of
         drafts: each row attends to the cached entries of its own path only)."""
         from transformers.masking_utils import create_causal_mask
 
-        fused = self.fuse(torch.cat([self.feature_norm(features), self.embedding_norm(next_embeddings)], dim=-1))
+        if self.config.layout == "eagle1":  # published order: embedding first, neither normed
+            fused = self.fuse(torch.cat([next_embeddings, features], dim=-1))
+        else:
+            fused = self.fuse(torch.cat([self.feature_norm(features), self.embedding_norm(next_embeddings)], dim=-1))
         extra = {}
         if self.rotary_emb is not None:
             extra["position_embeddings"] = self.rotary_emb(fused, position_ids)
@@ -162,22 +193,41 @@ class EagleHead(nn.Module):
     def check_base(self, model, what: str = "this EAGLE head", check_identity: bool = True) -> None:
         self.config.base.check_matches(BaseIdentity.of(model), what, check_identity)
 
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, format: str = "selfspec", model=None) -> None:
+        """Write config.json + model.safetensors; format="vllm" writes an "eagle1" head as vLLM's EAGLE-1 draft model
+        (`heads/eagle_formats.py`; with `model`, also the base's embedding, which SafeAILab/EAGLE's loader needs)."""
+        if format == "vllm":
+            from heads.eagle_formats import save_vllm
+
+            return save_vllm(self, directory, model=model)
+        if format != "selfspec":
+            raise ValueError(f"unknown EAGLE head format {format!r}; choose 'selfspec' or 'vllm'")
         save_checkpoint(self, directory, {**asdict(self.config), "format": FORMAT_NAME, "kind": "eagle"})
 
     @classmethod
-    def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "EagleHead":
+    def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> EagleHead:
+        """Load a head saved by `save_pretrained` (either layout), a published EAGLE-1/2 head or a vLLM EAGLE-1 export;
+        with `model`, check it fits and move it to the model's device and dtype."""
         raw = read_config(directory, "an EAGLE head directory")
         if raw.get("format") != FORMAT_NAME:
-            from heads.eagle_formats import load_published_eagle  # EAGLE-1/2 checkpoints
+            from heads.eagle_formats import load_eagle1  # published EAGLE-1/2 heads and vLLM exports
 
-            return load_published_eagle(directory, raw, model, check_base)
+            return load_eagle1(directory, raw, model, check_base)
         config = EagleConfig(BaseIdentity.from_dict(raw["base"]), raw["base_config"], raw["num_layers"],
-                             raw.get("draft_vocab_size", 0))
+                             raw.get("draft_vocab_size", 0), raw.get("layout", "selfspec"), raw.get("fuse_bias", False))
         head = load_weights(cls(config, model), directory)
         if model is not None:
             head = attach(head, model, config.base, f"the EAGLE head in {directory!r}", check_identity=check_base)
         return head.eval()
+
+
+def _drop_input_norm(layer: nn.Module) -> None:
+    """EAGLE-1's first layer reads the fusion's output unnormed: its input norm becomes the identity (as in vLLM)."""
+    if not isinstance(getattr(layer, "input_layernorm", None), nn.Module):
+        raise NotImplementedError(
+            f"{type(layer).__name__} has no `input_layernorm` to drop: the 'eagle1' layout supports Llama-style layers"
+        )
+    layer.input_layernorm = nn.Identity()
 
 
 def _output_projections(layer: nn.Module) -> list[nn.Linear]:

@@ -8,6 +8,7 @@ from heads.eagle import EagleHead
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
 from tests.conftest import random_prompt, tiny_model
+from tests.heads.published_eagle import published_config, write_published
 from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue
 from tests.selfspec.exercised import assert_exercised
 from training import features as feature_data
@@ -15,7 +16,7 @@ from training import head_data
 from training.recipes import EagleRecipe, Teacher
 
 
-def trained_head(model, draft_vocab=None, steps=60, seed=0) -> EagleHead:
+def trained_head(model, draft_vocab=None, steps=60, seed=0, layout="selfspec") -> EagleHead:
     """An EAGLE head trained for a few seconds on the model's own greedy continuations: right often, not always."""
     from selfspec.target import TargetModel
 
@@ -25,7 +26,7 @@ def trained_head(model, draft_vocab=None, steps=60, seed=0) -> EagleHead:
     prompts = torch.randint(3, vocab, (24, 4), generator=torch.Generator().manual_seed(seed))
     rows = list(head_data.continue_tokens(model, prompts, 28))
     stream = feature_data.PositionStream(feature_data.compute_records(target, rows, progress=False))
-    head = EagleHead.for_model(model, draft_vocab=draft_vocab)
+    head = EagleHead.for_model(model, draft_vocab=draft_vocab, layout=layout)
     recipe, teacher = EagleRecipe(passes=2), Teacher(target, draft_vocab)
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(seed)
@@ -59,6 +60,34 @@ def test_greedy_eagle_equals_generate(family, num_draft_tokens):
         assert torch.equal(out.sequences, plain), (family, seed)
         stats.append(out.stats)
     assert_exercised(stats, what=f"eagle {family} k={num_draft_tokens}")
+
+
+def test_greedy_with_a_published_eagle1_head_equals_generate(tmp_path):
+    """A head in the published EAGLE-1 layout, written as SafeAILab/EAGLE ships one (pytorch_model.bin with fc.weight,
+    layers.0.* and the base's embed_tokens; a Llama config.json) and loaded from that directory, drafts through the
+    engine on the post-norm features it already passes: greedy output equals `generate`, drafts are accepted, and the
+    loaded head drafts exactly as the head it was written from (same drafted and accepted counts).
+    Planted bug it caught: a loader reading fc's halves in the 'selfspec' order (feature first); drafts were still
+    accepted now and then, so only the comparison with the original head caught it."""
+    model = sharp(tiny_model())
+    trained = trained_head(model, layout="eagle1")
+    weights = {"fc.weight": trained.fuse.weight.detach(), "embed_tokens.weight": model.get_input_embeddings().weight,
+               **{f"layers.{k}": v for k, v in trained.layers.state_dict().items()}}
+    write_published(tmp_path, weights, published_config(model, bias=False))
+    head = EagleHead.from_pretrained(tmp_path, model=model)
+    assert head.config.layout == "eagle1" and not head.config.fuse_bias
+    spec, original = SelfSpecModel(model, heads=head), SelfSpecModel(model, heads=trained)
+    assert spec.drafter.__class__.__name__ == "EagleDrafter"
+    stats = []
+    for seed in range(3):
+        prompt = random_prompt(8, seed=seed)
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences, plain), seed
+        same = original.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[]).stats
+        assert (out.stats.drafted, out.stats.accepted) == (same.drafted, same.accepted), seed
+        stats.append(out.stats)
+    assert_exercised(stats, what="published EAGLE-1 head")
 
 
 def test_greedy_eagle_with_a_draft_vocabulary_equals_generate():
