@@ -30,6 +30,7 @@ class HeadSettings:
     exit_layer: int = 0
     draft_vocab_size: int = 0
     eagle_passes: int = 3
+    eagle_layout: typing.Literal["selfspec", "eagle1"] = "selfspec"
     init: str = ""
     glob: str = "**/*.txt"
     eval_data: tuple[str, ...] = ()
@@ -101,6 +102,9 @@ _HELP = {
     "data (the base's own outputs for --chat), projecting onto N rows of the LM head (SmolLM2: 8192 of 49152 rows, "
     "6x cheaper per draft token; measured coverage of held-out replies in examples/smollm2/)",
     "eagle_passes": "3: EAGLE passes per batch; pass j >= 2 reads the features pass j-1 predicted, as drafts 2.. do",
+    "eagle_layout": "selfspec: input and output norms around the layer (how examples/smollm2/eagle was trained); "
+    "eagle1: the published EAGLE-1 layout (no norms, embedding first), which "
+    "`EagleHead.save_pretrained(dir, format='vllm')` exports for vLLM (--init keeps its head's layout)",
     "init": "start from the heads in this directory (same kind, same base) instead of fresh ones, e.g. to continue "
     "training on more data; their draft vocabulary is kept",
     "glob": "**/*.txt: which files of a --data directory are text; pass '**/*.py' for Python source",

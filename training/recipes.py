@@ -164,11 +164,12 @@ class EagleRecipe:
     pass_decay: float = 0.8
     feature_weight: float = 0.5  # smooth-L1 on features / their RMS, beside the distribution loss (weight 1)
     kind: str = "eagle"
+    layout: str = "selfspec"  # heads/eagle.py: "eagle1" is the published layout vLLM serves
 
     def new_head(self, model, settings, draft_vocab):
         from heads.eagle import EagleHead
 
-        return EagleHead.for_model(model, self.num_layers, draft_vocab=draft_vocab)
+        return EagleHead.for_model(model, self.num_layers, draft_vocab=draft_vocab, layout=self.layout)
 
     def load_head(self, directory, model):
         from heads.eagle import EagleHead
@@ -252,7 +253,7 @@ def recipe_for(settings, num_model_layers: int) -> Recipe:
     if settings.kind == "medusa":
         return MedusaRecipe(settings.num_heads, settings.num_layers, settings.share_lm_head, settings.head_loss_decay)
     if settings.kind == "eagle":
-        return EagleRecipe(settings.num_layers, settings.eagle_passes)
+        return EagleRecipe(settings.num_layers, settings.eagle_passes, layout=settings.eagle_layout)
     exit_layer = settings.exit_layer or num_model_layers // 2
     if not 1 <= exit_layer < num_model_layers:
         raise ValueError(f"--exit-layer must be in [1, {num_model_layers - 1}] for this model, got {exit_layer}")

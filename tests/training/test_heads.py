@@ -12,7 +12,7 @@ from training import head_data
 from training.features import Batch
 from training.head_settings import HeadSettings, parse_args
 from training.heads import run
-from training.recipes import EagleRecipe, MedusaRecipe, _chain_summary
+from training.recipes import EagleRecipe, MedusaRecipe, _chain_summary, recipe_for
 
 
 def word_tokenizer() -> PreTrainedTokenizerFast:
@@ -71,6 +71,16 @@ def test_flags_map_one_to_one_onto_settings():
     assert (parsed.kind, parsed.exit_layer, parsed.max_steps, parsed.draft_vocab_size) == ("exit-adapter", 2, 5, 64)
     assert parse_args(["--model", "m", "--out", "o", "--data", "x"]).share_lm_head is True  # shared by default
     assert parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle"]).kind == "eagle"
+
+
+def test_the_eagle_layout_flag_reaches_the_new_head():
+    """`--eagle-layout eagle1` trains a head in the layout vLLM serves; the default stays selfspec's own."""
+    plain = parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle"])
+    exportable = parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle", "--eagle-layout", "eagle1"])
+    assert (plain.eagle_layout, exportable.eagle_layout) == ("selfspec", "eagle1")
+    for settings_, layout in ((plain, "selfspec"), (exportable, "eagle1")):
+        head = recipe_for(settings_, 2).new_head(tiny_model(), settings_, None)
+        assert head.config.layout == layout
 
 
 def scripted_batch(num_records: int = 2, length: int = 10, hidden: int = 4) -> Batch:
