@@ -88,7 +88,8 @@ def verify_tree_sampled(
 ) -> TreeVerdict:
     """Multi-draft speculative sampling over a tree: the emitted tokens have exactly the target's law.
 
-    target_probs: [num_nodes + 1, vocab], warped exactly as the draft side was; float32 or wider.
+    target_probs: [num_nodes + 1, vocab], warped exactly as the draft side was; float32 or wider (or a `WarpedRows`:
+    only the rows of the nodes the walk reaches are then warped).
     tree.draft_probs rows of SAMPLED children are the law they were drawn from; DISTINCT children need none.
     """
     return walk_tree(tree, target_probs, generator, try_distinct_child, try_sampled_child)

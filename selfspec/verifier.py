@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.sampling import greedy_tokens, sample_from
+from selfspec.sampling import WarpedRows, greedy_tokens, sample_from
 
 
 @dataclass(frozen=True)
@@ -33,42 +33,42 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
 def verify_sampled(
     draft_tokens: torch.Tensor,
     draft_probs: torch.Tensor | None,
-    target_probs: torch.Tensor,
+    target_probs: torch.Tensor | WarpedRows,
     generator: torch.Generator | None = None,
 ) -> Verdict:
     """Speculative sampling (Leviathan et al. 2023; Chen et al. 2023): the output has exactly the target's law.
 
     draft_tokens: [num_draft_tokens], draft token i was sampled from draft_probs[i].
     draft_probs:  [num_draft_tokens, vocab], or None when every draft is a point mass (n-gram, argmax heads).
-    target_probs: [num_draft_tokens + 1, vocab], already warped exactly as the draft side was; float32 or wider.
+    target_probs: [num_draft_tokens + 1, vocab], already warped exactly as the draft side was; float32 or wider. A
+    `WarpedRows` warps each row when it is first read, so rows after the first rejection are never computed.
 
     Accept draft i with probability min(1, target/draft); at the first rejection sample the recovered token from
     norm(max(0, target - draft)) and stop; if all are accepted sample the bonus token from the last target row.
     """
     num_draft_tokens = draft_tokens.shape[0]
-    rows = torch.arange(num_draft_tokens, device=target_probs.device)
-    target_of_draft = target_probs[rows, draft_tokens]  # [num_draft_tokens]
-    if draft_probs is None:
-        draft_of_draft = torch.ones_like(target_of_draft)
-    else:
-        draft_of_draft = draft_probs[rows, draft_tokens].to(target_probs.dtype)
+    # One uniform per draft, drawn up front whether or not it is reached (the generator's use does not depend on
+    # how many drafts are accepted).
     uniform = torch.rand(num_draft_tokens, generator=generator, device=target_probs.device, dtype=target_probs.dtype)
-    # u < p/q written without the division; p == 0 never accepts, p >= q always does.
-    accepted = uniform * draft_of_draft < target_of_draft
-    rejected = (~accepted).nonzero()
-    if not rejected.numel():
-        return Verdict(num_draft_tokens, int(sample_from(target_probs[num_draft_tokens], generator)))
+    for i, token in enumerate(draft_tokens.tolist()):
+        target_row = target_probs[i]  # [vocab]
+        draft_of_draft = 1.0 if draft_probs is None else draft_probs[i, token].to(target_row.dtype)
+        # u < p/q written without the division; p == 0 never accepts, p >= q always does.
+        if not uniform[i] * draft_of_draft < target_row[token]:
+            return Verdict(i, int(sample_from(_residual(target_row, draft_probs, i, token), generator)))
+    return Verdict(num_draft_tokens, int(sample_from(target_probs[num_draft_tokens], generator)))
 
-    num_accepted = int(rejected[0, 0])
-    target_row = target_probs[num_accepted]
+
+def _residual(target_row: torch.Tensor, draft_probs: torch.Tensor | None, row: int, token: int) -> torch.Tensor:
+    """norm(max(0, target - draft)) after draft `row` (token `token`) was rejected."""
     if draft_probs is None:
         draft_row = torch.zeros_like(target_row)
-        draft_row[draft_tokens[num_accepted]] = 1.0
+        draft_row[token] = 1.0
     else:
-        draft_row = draft_probs[num_accepted].to(target_row.dtype)
+        draft_row = draft_probs[row].to(target_row.dtype)
     residual = (target_row - draft_row).clamp_min(0.0)
     # A rejection has probability sum(max(0, draft - target)) = sum(residual), so in exact arithmetic a rejection
     # implies residual mass > 0. Rounding can leave ~0 mass when draft == target; then the target row is the law.
     if float(residual.sum()) <= torch.finfo(residual.dtype).tiny:
         residual = target_row
-    return Verdict(num_accepted, int(sample_from(residual / residual.sum(), generator)))
+    return residual / residual.sum()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from selfspec.drafters.base import Draft
-from selfspec.sampling import SamplingConfig, logits_to_probs
+from selfspec.sampling import SamplingConfig, WarpedRows
 from selfspec.tree import DraftTree
 from selfspec.tree_cache import keep_path, path_offsets
 from selfspec.tree_forward import tree_forward
@@ -19,7 +19,7 @@ from selfspec.verifier import Verdict, verify_greedy, verify_sampled
 def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
     if sampling.greedy:
         return verify_greedy(draft.tokens, target_logits)
-    return verify_sampled(draft.tokens, draft.probs, logits_to_probs(target_logits, sampling), generator)
+    return verify_sampled(draft.tokens, draft.probs, WarpedRows(target_logits, sampling), generator)
 
 
 def verify_chain(target, pending, draft: Draft, num_tokens: int, cache, sampling, generator):
@@ -40,7 +40,7 @@ def verify_tree(target, pending, tree: DraftTree, num_tokens: int, cache, sampli
     if sampling.greedy:
         verdict = verify_tree_greedy(tree, target_logits)
     else:  # DISTINCT children need no draft_probs; SAMPLED ones carry theirs in the tree
-        verdict = verify_tree_sampled(tree, logits_to_probs(target_logits, sampling), generator)
+        verdict = verify_tree_sampled(tree, WarpedRows(target_logits, sampling), generator)
     rows = path_offsets(verdict.accepted_nodes)  # [num_accepted + 1] rows of pending + the accepted path
     keep_path(cache, num_tokens - 1, rows)
     accepted = tree.tokens[list(verdict.accepted_nodes)]  # [num_accepted]

@@ -87,3 +87,23 @@ def test_greedy_is_float32_argmax_first_index_on_ties():
 def test_invalid_settings_raise_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingConfig(**{"do_sample": True, **kwargs})
+
+
+@pytest.mark.parametrize("sampling", [
+    SamplingConfig(do_sample=True, temperature=0.7, top_p=0.9),
+    SamplingConfig(do_sample=True, top_k=20),
+    SamplingConfig(do_sample=True, temperature=1.3, top_k=50, top_p=0.8),
+    SamplingConfig(do_sample=False),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_warped_rows_equal_the_batched_transform_row_by_row(sampling, dtype):
+    """Planted bug caught: WarpedRows warping with temperature only (top-p dropped) differs at the cut."""
+    from selfspec.sampling import WarpedRows
+
+    logits = (torch.randn(5, 3000, generator=torch.Generator().manual_seed(1)) * 4).to(dtype)
+    batched = logits_to_probs(logits, sampling)
+    rows = WarpedRows(logits, sampling)
+    assert rows.dtype == batched.dtype and len(rows) == 5 and rows.num_warped == 0
+    for i in (3, 0, 3):
+        assert torch.equal(rows[i], batched[i])
+    assert rows.num_warped == 2  # computed once each, only when read

@@ -150,3 +150,25 @@ def test_second_token_after_acceptance_follows_the_target_law():
         if verdict.num_accepted >= 1:
             counts[tokens[1] if verdict.num_accepted == 2 else verdict.next_token] += 1
     assert chisquare(counts.numpy(), TARGET[1].numpy() * float(counts.sum())).pvalue > 1e-3
+
+
+def test_lazy_target_rows_give_the_same_verdicts_and_stop_warping_at_the_first_rejection():
+    """The engine passes WarpedRows: same verdicts and generator use as a full tensor, and rows after the first
+    rejection are never warped. Planted bug caught: a verifier that reads every row up front (num_warped == k + 1)."""
+    from selfspec.sampling import WarpedRows
+
+    sampling = SamplingConfig(do_sample=True, temperature=0.8, top_p=0.9)
+    g = torch.Generator().manual_seed(3)
+    num_draft_tokens, vocab, seen = 4, 50, set()
+    for trial in range(300):
+        logits = torch.randn(num_draft_tokens + 1, vocab, generator=g, dtype=torch.float64) * 2
+        draft_probs = logits_to_probs(logits[:num_draft_tokens] + torch.randn(num_draft_tokens, vocab, generator=g,
+                                                                              dtype=torch.float64), sampling)
+        tokens = torch.multinomial(draft_probs, 1, generator=g)[:, 0]
+        full = verify_sampled(tokens, draft_probs, logits_to_probs(logits, sampling), torch.Generator().manual_seed(trial))
+        rows = WarpedRows(logits, sampling)
+        lazy = verify_sampled(tokens, draft_probs, rows, torch.Generator().manual_seed(trial))
+        assert lazy == full
+        assert rows.num_warped == full.num_accepted + 1
+        seen.add(full.num_accepted)
+    assert {0, num_draft_tokens} <= seen and len(seen) >= 3  # rejections early, late and none were exercised
