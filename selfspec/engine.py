@@ -244,9 +244,10 @@ class SelfSpecModel:
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
+            depth = draft.depth  # positions the step could accept: a chain's length, a tree's deepest level
             seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes(),
-                                       draft.depth)
-            self._observe(policy, draft, verdict, seconds, verify_seconds)
+                                       depth)
+            self._observe(policy, draft, depth, verdict, seconds, verify_seconds)
             yield emitted
         if self._verify_cost is not None:
             self._verify_cost.save()
@@ -276,11 +277,12 @@ class SelfSpecModel:
             )
         return verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator)
 
-    def _observe(self, policy, draft: Draft, verdict: Verdict, seconds: float, verify_seconds: float) -> None:
+    def _observe(self, policy, draft: Draft, depth: int, verdict: Verdict, seconds: float,
+                 verify_seconds: float) -> None:
         """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
         self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
         # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (its nodes).
-        policy.observe(draft.depth, verdict.num_accepted, seconds=seconds)
+        policy.observe(depth, verdict.num_accepted, seconds=seconds)
         if self._verify_cost is not None and draft.prefilled_layers == 0:  # a full forward verified these drafts
             self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)
 

@@ -24,6 +24,7 @@ import torch
 
 from selfspec.sampling import greedy_tokens, sample_from
 from selfspec.tree import DISTINCT, DraftTree
+from selfspec.verifier import normalised_or
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def try_distinct_child(target_now, draft_row, token, uniform):
         return None
     residual = target_now.clone()
     residual[token] = 0.0
-    return _normalised_or(residual, target_now)
+    return normalised_or(residual, target_now)
 
 
 def try_sampled_child(target_now, draft_row, token, uniform):
@@ -71,16 +72,7 @@ def try_sampled_child(target_now, draft_row, token, uniform):
     # u < p/q written without the division; p == 0 never accepts, p >= q always does (as in verifier.py).
     if uniform * draft_row[token] < target_now[token]:
         return None
-    return _normalised_or((target_now - draft_row).clamp_min(0.0), target_now)
-
-
-def _normalised_or(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    # A rejection has probability sum(max(0, draft - target_now)) = sum(residual), so in exact arithmetic a rejection
-    # implies residual mass > 0. Rounding can leave ~0 mass when draft == target_now; then target_now is the law.
-    mass = residual.sum()
-    if float(mass) <= torch.finfo(residual.dtype).tiny:
-        return fallback
-    return residual / mass
+    return normalised_or((target_now - draft_row).clamp_min(0.0), target_now)
 
 
 def verify_tree_sampled(

@@ -66,9 +66,16 @@ def _residual(target_row: torch.Tensor, draft_probs: torch.Tensor | None, row: i
         draft_row[token] = 1.0
     else:
         draft_row = draft_probs[row].to(target_row.dtype)
-    residual = (target_row - draft_row).clamp_min(0.0)
-    # A rejection has probability sum(max(0, draft - target)) = sum(residual), so in exact arithmetic a rejection
-    # implies residual mass > 0. Rounding can leave ~0 mass when draft == target; then the target row is the law.
-    if float(residual.sum()) <= torch.finfo(residual.dtype).tiny:
-        residual = target_row
-    return residual / residual.sum()
+    return normalised_or((target_row - draft_row).clamp_min(0.0), target_row)
+
+
+def normalised_or(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """residual / its mass, the law after a rejection; `fallback` (the target's law) when rounding left no mass.
+
+    A rejection has probability sum(max(0, draft - target)) = sum(residual), so in exact arithmetic a rejection
+    implies residual mass > 0. Rounding can leave ~0 mass when draft == target; then the target is the law. Shared
+    with the tree verifier's sibling rules."""
+    mass = residual.sum()
+    if float(mass) <= torch.finfo(residual.dtype).tiny:
+        return fallback
+    return residual / mass
