@@ -50,8 +50,14 @@ class AdaptiveDraftLength:
     for each step (`StepOverhead`): what a step costs beyond its verify forward, per step (the
     loop's bookkeeping) and per draft token (drafting itself: ~0 for n-gram, a partial forward for early exit).
     Each position's evidence decays by `decay` whenever the position is observed again (a memory of about
-    1 / (1 - decay) observations). At k=0 nothing is observed, so every `probe_every` steps at k=0 one draft token
-    is tried anyway: a drafter that turns useful again is noticed, at a cost of 1/probe_every of a draft token.
+    1 / (1 - decay) observations). At k=0 nothing is observed, so after `probe_every` steps at k=0 one draft token
+    is tried anyway (a probe), so that a drafter that turns useful again is noticed. Each probe that is rejected
+    doubles the wait before the next (up to `max_probe_every`); an accepted probe, or k > 0 chosen on the evidence,
+    resets it. A drafter that is never right thus costs a handful of probes per generation, not one every 8 steps
+    (an early-exit probe costs about half a decode: at one per 8 steps that alone was a 6 % loss on SmolLM2).
+    `draft_cost`: what drafting one token is expected to cost, in one-token decodes (a drafter's `draft_cost`, e.g.
+    early exit's share of the model's weights it runs); the learned per-token overhead starts from it, so a costly
+    drafter is not tried at length before its first timings come in.
 
     Defaults (decay 0.9, prior 0.5 worth 4 observations, a probe after 8 steps at k=0, k <= 8) were chosen by
     replaying the reference model's greedy drafts (examples/draft_length_replay.py: 12 held-out prompts x 128
@@ -70,9 +76,13 @@ class AdaptiveDraftLength:
         decay: float = 0.9,
         probe_every: int = 8,
         learn_step_cost: bool = True,
+        max_probe_every: int = 64,
+        draft_cost: float = 0.0,
     ):
         if not 0 < decay <= 1 or prior_weight <= 0 or not 0 <= prior_acceptance <= 1 or max_draft_tokens < 1:
             raise ValueError("need 0 < decay <= 1, prior_weight > 0, 0 <= prior_acceptance <= 1, max_draft_tokens >= 1")
+        if draft_cost < 0:
+            raise ValueError(f"draft_cost (one-token decodes per draft token) must be >= 0, got {draft_cost!r}")
         self.cost_curve = cost_curve  # k -> verifying k drafts, in one-token decodes (may refine itself)
         self.max_draft_tokens = max_draft_tokens
         self.prior_acceptance = prior_acceptance
@@ -83,8 +93,11 @@ class AdaptiveDraftLength:
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
-        self.overhead = StepOverhead(decay)
+        self.overhead = StepOverhead(decay, per_token=draft_cost)
+        self.max_probe_every = max(probe_every, max_probe_every)
+        self._probe_wait = probe_every  # steps at k=0 before the next probe (doubles after each rejected probe)
         self._steps_at_zero = 0
+        self._probing = False  # the step just chosen is a probe
 
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""
@@ -108,17 +121,21 @@ class AdaptiveDraftLength:
 
     def choose(self) -> int:
         k = max(range(self.max_draft_tokens + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
+        self._probing = False
         if k == 0:
             self._steps_at_zero += 1
-            if self.probe_every and self._steps_at_zero >= self.probe_every:
-                self._steps_at_zero, k = 0, 1
-        else:
-            self._steps_at_zero = 0
+            if self.probe_every and self._steps_at_zero >= self._probe_wait:
+                self._steps_at_zero, self._probing, k = 0, True, 1
+        else:  # drafting on the evidence: should it stop paying, probing starts again at the shortest wait
+            self._steps_at_zero, self._probe_wait = 0, self.probe_every
         return k
 
     def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None) -> None:
         """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
         `seconds` (None: not timed, learn acceptance only)."""
+        if self._probing and num_drafted:  # a rejected probe doubles the wait for the next; an accepted one resets it
+            self._probing = False
+            self._probe_wait = self.probe_every if num_accepted else min(2 * self._probe_wait, self.max_probe_every)
         for i in range(min(num_drafted, num_accepted + 1, self.max_draft_tokens)):  # reached: accepted ones + 1st miss
             self.tried[i] = self.decay * self.tried[i] + 1.0
             self.accepted[i] = self.decay * self.accepted[i] + float(i < num_accepted)
@@ -132,39 +149,49 @@ class AdaptiveDraftLength:
 class StepOverhead:
     """What a step costs beyond its verify forward, as per_step + per_token * num_drafted (one-token decodes, >= 0).
 
-    Decayed least squares over the steps seen; a ridge pulls per_token towards 0, so while the number drafted never
-    varies the cost is read as per step (which does not favour any k) rather than as per token (which would).
+    Decayed least squares over the steps seen, with two pulls on per_token: a ridge towards 0 worth `ridge` steps,
+    so while the number drafted never varies the cost is read as per step (which does not favour any k) rather than
+    as per token (which would); and the drafter's own estimate `per_token` (0 unless it gives one), worth
+    `prior_weight` steps at first and decaying like any old step, so a step that drafts soon outweighs it even when
+    the estimate kept drafting rare.
     """
 
-    def __init__(self, decay: float, ridge: float = 1.0):
-        self.decay, self.ridge = decay, ridge
+    def __init__(self, decay: float, ridge: float = 1.0, per_token: float = 0.0, prior_weight: float = 4.0):
+        self.decay, self.ridge, self.prior_per_token = decay, ridge, per_token
+        self.prior_weight = prior_weight if per_token else 0.0
         self.n = self.d = self.dd = self.r = self.dr = 0.0  # decayed sums of 1, d, d^2, r, d*r
-        self.per_step = self.per_token = 0.0
+        self.per_step, self.per_token = 0.0, per_token
 
     def observe(self, num_drafted: int, residual: float) -> None:
         d, g = float(num_drafted), self.decay
         self.n, self.d, self.dd = g * self.n + 1, g * self.d + d, g * self.dd + d * d
         self.r, self.dr = g * self.r + residual, g * self.dr + d * residual
-        dd = self.dd + self.ridge
+        self.prior_weight *= g
+        # min over (s, t) of sum (r - s - t d)^2 + ridge t^2 + prior_weight (t - t0)^2: one pull of weight w towards
+        # t_bar = prior_weight t0 / w, solved for t - t_bar on residuals net of t_bar d.
+        w = self.ridge + self.prior_weight
+        t_bar = self.prior_weight * self.prior_per_token / w
+        r, dr, dd = self.r - t_bar * self.d, self.dr - t_bar * self.dd, self.dd + w
         det = self.n * dd - self.d * self.d
-        per_step, per_token = (self.r * dd - self.d * self.dr) / det, (self.n * self.dr - self.d * self.r) / det
+        per_step, per_token = (r * dd - self.d * dr) / det, t_bar + (self.n * dr - self.d * r) / det
         if per_token < 0:
             per_step, per_token = self.r / self.n, 0.0
         if per_step < 0:
-            per_step, per_token = 0.0, max(0.0, self.dr / dd)
+            per_step, per_token = 0.0, max(0.0, (self.dr + w * t_bar) / dd)
         self.per_step, self.per_token = max(0.0, per_step), per_token
 
 
 def draft_length_policy(
-    num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True
+    num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True,
+    draft_cost: float = 0.0,
 ):
     """An int -> a fixed policy; "auto" -> an adaptive one planning with `load_cost_curve()` (called only then, so
-    a fixed k never reads the curve's cache) and learning step costs from timings unless told not to; a ready
-    policy object (choose/observe) is used as is."""
+    a fixed k never reads the curve's cache) and learning step costs from timings unless told not to, starting from
+    `draft_cost` decodes per draft token; a ready policy object (choose/observe) is used as is."""
     if num_draft_tokens == "auto":
         if load_cost_curve is None:
             raise ValueError('num_draft_tokens="auto" needs the device\'s verify cost curve')
-        return AdaptiveDraftLength(load_cost_curve(), learn_step_cost=learn_step_cost)
+        return AdaptiveDraftLength(load_cost_curve(), learn_step_cost=learn_step_cost, draft_cost=draft_cost)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         if hasattr(num_draft_tokens, "choose") and hasattr(num_draft_tokens, "observe"):
             return num_draft_tokens

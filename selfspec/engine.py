@@ -196,12 +196,14 @@ class SelfSpecModel:
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
+        draft_cost = getattr(self.drafter, "draft_cost", 0.0)  # a drafter's own estimate, in decodes per draft token
         if options.reproducible:  # plan from acceptance and the prior curve only: the same k on every run
             policy = draft_length_policy(
-                options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False
+                options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False,
+                draft_cost=draft_cost,
             )
         else:
-            policy = draft_length_policy(options.num_draft_tokens, self.verify_cost)
+            policy = draft_length_policy(options.num_draft_tokens, self.verify_cost, draft_cost=draft_cost)
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())

@@ -6,10 +6,16 @@ by one (`model_parts.py`, reached lazily so other drafters work on any causal LM
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from selfspec.cache import KVCache
 from selfspec.model_parts import ModelParts
+
+# model -> what its logits check passed with (final transforms, dtype, device): a model wrapped again (a wrapper per
+# call, as the command line builds one) is not probed again; it was ~4 decodes of SmolLM2 per wrap.
+_LOGITS_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class TargetModel:
@@ -37,7 +43,10 @@ class TargetModel:
         self.num_layers = config.get_text_config(decoder=True).num_hidden_layers
         self._parts = None
         self._rows_for, self._rows = None, None  # the LM head restricted to a draft vocabulary (see logits)
-        self._check_logits()
+        checked = (type(model), self._softcap, self._scale, self._divide, self.lm_head.weight.dtype, self.device)
+        if _LOGITS_CHECKED.get(model) != checked:
+            self._check_logits()
+            _LOGITS_CHECKED[model] = checked
 
     @property
     def parts(self) -> ModelParts:

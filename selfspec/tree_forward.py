@@ -8,6 +8,8 @@ a 4D mask unchanged), and `position_ids`. No modeling code is copied. Knows noth
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.cache_utils import DynamicLayer
 
@@ -50,6 +52,8 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
 # A probe with siblings at two depths, a deeper branch and a leaf next to it: rows 0..6.
 _PROBE_PARENTS = [-1, -1, 0, 0, 2, 1]
 _PROBE_PROMPT = 3
+# model -> the attention implementation and dtype its probe passed with; a model wrapped again is not probed again.
+_SUPPORTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @torch.no_grad()
@@ -61,6 +65,14 @@ def check_tree_support(target: TargetModel) -> None:
     """
     name = type(target.model).__name__
     attn = getattr(target.model.config, "_attn_implementation", None)
+    checked = (attn, target.lm_head.weight.dtype, target.device)
+    if _SUPPORTED.get(target.model) == checked:
+        return
+    _probe_tree_forward(target, name, attn)
+    _SUPPORTED[target.model] = checked
+
+
+def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
     cache = target.new_cache()
     if any(type(layer) is not DynamicLayer for layer in cache.hf_cache.layers):
         kinds = sorted({type(layer).__name__ for layer in cache.hf_cache.layers})

@@ -117,7 +117,8 @@ def test_auto_stops_drafting_when_drafting_costs_more_than_it_saves_and_comes_ba
 
 
 def test_auto_turns_early_exit_off_when_its_drafting_is_costly():
-    """Engine-level, with a scripted clock: the early-exit partial forwards are made to cost 90 % of a decode each."""
+    """Engine-level, with a scripted clock: the early-exit partial forwards are made to cost 90 % of a decode each.
+    The drafter's own cost estimate is zeroed, so only the timings can teach the policy the difference."""
     model = tiny_model("llama", seed=5, num_layers=4)
     prompt = repetitive_prompt(16, seed=6)
     expected = model.generate(
@@ -127,7 +128,7 @@ def test_auto_turns_early_exit_off_when_its_drafting_is_costly():
     for draft_cost in (0.0, 0.9):
         clock = ScriptedClock()
         spec = SelfSpecModel(model, drafter="early_exit", exit_layer=3)
-        spec.clock = clock
+        spec.clock, spec.drafter.draft_cost = clock, 0.0
         forward, exit_forward = spec.target.forward, spec.target.exit_forward
 
         def timed_forward(token_ids, cache, *args, **kwargs):

@@ -93,6 +93,41 @@ def test_a_drafter_that_turns_good_is_noticed():
     assert run_steps(policy, lambda position: True, 40)[-5:] == [8] * 5
 
 
+def test_rejected_probes_back_off_and_an_accepted_one_resets_them():
+    """A useless drafter is probed every 8, 16, 32, 64, 64 ... steps at k=0, not every 8 steps; once a probe is
+    accepted drafting resumes within a few steps. Catches (planted): the wait not doubled (24 probes in 200 steps),
+    the wait never reset (the good drafter is noticed only after the longest wait)."""
+    policy = AdaptiveDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64)
+    chosen = run_steps(policy, lambda position: False, 200)
+    first_off = chosen.index(0)
+    probes = [i - first_off for i, k in enumerate(chosen) if i > first_off and k]
+    gaps = [b - a for a, b in zip([-1] + probes, probes)]
+    assert gaps == [8, 16, 32, 64][: len(gaps)] + [64] * (len(gaps) - 4)  # a probe every 8, 16, 32, 64, 64 steps
+    assert len(probes) <= 5 and set(chosen[first_off:]) == {0, 1}
+    good = run_steps(policy, lambda position: True, 150)
+    assert good[-5:] == [8] * 5
+    recovered = next(i for i, k in enumerate(good) if k > 1)
+    assert recovered <= 66  # at most the longest wait, then the policy's own choice
+    # After recovery the waits start short again: a drafter that turns useless is probed at 8 steps first.
+    again = run_steps(policy, lambda position: False, 100)
+    first_off = again.index(0)
+    assert again[first_off : first_off + 8] == [0] * 7 + [1]
+
+
+def test_a_costly_drafter_is_not_tried_at_length_before_its_first_timing():
+    """The drafter's draft_cost is where the learned per-token cost starts: a draft token said to cost a whole
+    decode makes the untried drafter (prior acceptance 0.5) start at k=0; timings that show it costs nothing teach
+    the policy otherwise. Catches (planted): draft_cost ignored (k=8 ... from the first step)."""
+    assert AdaptiveDraftLength(CPU_LIKE).choose() > 0
+    costly = AdaptiveDraftLength(VerifyCost(CPU_LIKE.relative, decode_seconds=0.01), draft_cost=1.0)
+    assert costly.overhead.per_token == 1.0 and costly.choose() == 0
+    for k in [1, 2, 3, 1, 2, 3] * 5:  # the steps took only their verify forward: drafting is free
+        costly.observe(k, k, seconds=0.01 * CPU_LIKE(k))
+    assert costly.overhead.per_token < 0.1 and costly.choose() > 0
+    with pytest.raises(ValueError, match="draft_cost"):
+        AdaptiveDraftLength(CPU_LIKE, draft_cost=-1.0)
+
+
 def test_costly_verification_asks_for_fewer_drafts():
     """Acceptance 0.7 per position: a flat (GPU-like) cost drafts a lot, a steep one drafts less."""
     acceptance = [0.7] * 8

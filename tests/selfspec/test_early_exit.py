@@ -239,6 +239,17 @@ def test_exit_layer_out_of_range_fails_clearly(exit_layer):
         SelfSpecModel(model, drafter="early_exit", exit_layer=exit_layer)
 
 
+def test_draft_cost_is_the_share_of_weights_a_draft_token_meets():
+    """The "auto" policy's prior cost of an early-exit draft token: the first L layers plus the LM head, over all
+    layers plus the LM head (a tiny untied model: its LM head weighs about as much as one layer here)."""
+    model = tiny_model("llama", seed=4, num_layers=4)
+    weights = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    layers, head = model.model.layers, weights(model.lm_head)
+    costs = [SelfSpecModel(model, "early_exit", exit_layer=L).drafter.draft_cost for L in (1, 2, 3)]
+    expected = [(sum(weights(layers[i]) for i in range(L)) + head) / (weights(layers) + head) for L in (1, 2, 3)]
+    assert costs == pytest.approx(expected) and 0 < costs[0] < costs[1] < costs[2] < 1
+
+
 def test_an_adapter_for_another_layer_or_base_fails_clearly():
     model = tiny_model("llama", num_layers=4)
     with pytest.raises(ValueError, match="trained at exit_layer=1, not 2"):

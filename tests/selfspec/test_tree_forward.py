@@ -82,6 +82,22 @@ def test_probe_refuses_attention_that_ignores_the_custom_mask():
         check_tree_support(target)
 
 
+def test_probe_runs_once_per_model_and_again_when_attention_changes():
+    """A wrapper built per call does not re-probe; switching the attention implementation does. Catches (planted):
+    the memo removed; the memo keyed on the model alone (a later switch to a mask-ignoring kernel goes unnoticed)."""
+    AttentionInterface.register("causal_only_for_test", causal_only_attention)
+    target = wrapped("llama", "sdpa")
+    calls = []
+    target.decoder.register_forward_hook(lambda module, args, output: calls.append(1))
+    check_tree_support(target)
+    probed = len(calls)
+    check_tree_support(TargetModel(target.model))
+    assert probed > 0 and len(calls) == probed
+    target.model.config._attn_implementation = "causal_only_for_test"
+    with pytest.raises(NotImplementedError, match="does not honour a custom 4D attention mask"):
+        check_tree_support(target)
+
+
 def test_probe_refuses_sliding_window_caches():
     config = tiny_config("mistral")
     config.sliding_window = 4
