@@ -52,12 +52,12 @@ class AdaptiveDraftLength:
     Each position's evidence decays by `decay` whenever the position is observed again (a memory of about
     1 / (1 - decay) observations). At k=0 nothing is observed, so after `probe_every` steps at k=0 one draft token
     is tried anyway (a probe), so that a drafter that turns useful again is noticed. Each probe that is rejected
-    doubles the wait before the next (up to `max_probe_every`); an accepted probe, or k > 0 chosen on the evidence,
-    resets it. A drafter that is never right thus costs a handful of probes per generation, not one every 8 steps
-    (an early-exit probe costs about half a decode: at one per 8 steps that alone was a 6 % loss on SmolLM2).
+    doubles the wait before the next (up to `max_probe_every`); k > 0 chosen on the evidence (after accepted probes
+    raised the estimates) resets it. A drafter that is rarely right thus costs a handful of probes per generation,
+    not one every 8 steps (an early-exit probe costs about half a decode: one per 8 steps was a 6 % loss on SmolLM2).
     `draft_cost`: what drafting one token is expected to cost, in one-token decodes (a drafter's `draft_cost`, e.g.
-    early exit's share of the model's weights it runs); the learned per-token overhead starts from it, so a costly
-    drafter is not tried at length before its first timings come in.
+    early exit's share of the model's weights it runs); the learned per-token overhead is pulled towards it rather
+    than towards 0, so a costly drafter is not tried at length before timings come in.
 
     Defaults (decay 0.9, prior 0.5 worth 4 observations, a probe after 8 steps at k=0, k <= 8) were chosen by
     replaying the reference model's greedy drafts (examples/draft_length_replay.py: 12 held-out prompts x 128
@@ -133,9 +133,10 @@ class AdaptiveDraftLength:
     def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None) -> None:
         """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
         `seconds` (None: not timed, learn acceptance only)."""
-        if self._probing and num_drafted:  # a rejected probe doubles the wait for the next; an accepted one resets it
+        if self._probing and num_drafted:  # a rejected probe doubles the wait for the next
             self._probing = False
-            self._probe_wait = self.probe_every if num_accepted else min(2 * self._probe_wait, self.max_probe_every)
+            if not num_accepted:
+                self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
         for i in range(min(num_drafted, num_accepted + 1, self.max_draft_tokens)):  # reached: accepted ones + 1st miss
             self.tried[i] = self.decay * self.tried[i] + 1.0
             self.accepted[i] = self.decay * self.accepted[i] + float(i < num_accepted)
@@ -149,35 +150,28 @@ class AdaptiveDraftLength:
 class StepOverhead:
     """What a step costs beyond its verify forward, as per_step + per_token * num_drafted (one-token decodes, >= 0).
 
-    Decayed least squares over the steps seen, with two pulls on per_token: a ridge towards 0 worth `ridge` steps,
-    so while the number drafted never varies the cost is read as per step (which does not favour any k) rather than
-    as per token (which would); and the drafter's own estimate `per_token` (0 unless it gives one), worth
-    `prior_weight` steps at first and decaying like any old step, so a step that drafts soon outweighs it even when
-    the estimate kept drafting rare.
+    Decayed least squares over the steps seen; a ridge worth `ridge` steps pulls per_token towards `per_token` (the
+    drafter's own estimate, 0 unless it gives one), so while the number drafted never varies the cost is read as
+    per step (which does not favour any k) beyond what the drafter said a token costs.
     """
 
-    def __init__(self, decay: float, ridge: float = 1.0, per_token: float = 0.0, prior_weight: float = 4.0):
+    def __init__(self, decay: float, ridge: float = 1.0, per_token: float = 0.0):
         self.decay, self.ridge, self.prior_per_token = decay, ridge, per_token
-        self.prior_weight = prior_weight if per_token else 0.0
         self.n = self.d = self.dd = self.r = self.dr = 0.0  # decayed sums of 1, d, d^2, r, d*r
         self.per_step, self.per_token = 0.0, per_token
 
     def observe(self, num_drafted: int, residual: float) -> None:
-        d, g = float(num_drafted), self.decay
+        d, g, t0 = float(num_drafted), self.decay, self.prior_per_token
         self.n, self.d, self.dd = g * self.n + 1, g * self.d + d, g * self.dd + d * d
         self.r, self.dr = g * self.r + residual, g * self.dr + d * residual
-        self.prior_weight *= g
-        # min over (s, t) of sum (r - s - t d)^2 + ridge t^2 + prior_weight (t - t0)^2: one pull of weight w towards
-        # t_bar = prior_weight t0 / w, solved for t - t_bar on residuals net of t_bar d.
-        w = self.ridge + self.prior_weight
-        t_bar = self.prior_weight * self.prior_per_token / w
-        r, dr, dd = self.r - t_bar * self.d, self.dr - t_bar * self.dd, self.dd + w
+        # min over (s, t) of sum (r - s - t d)^2 + ridge (t - t0)^2, solved for t - t0 on residuals net of t0 d.
+        r, dr, dd = self.r - t0 * self.d, self.dr - t0 * self.dd, self.dd + self.ridge
         det = self.n * dd - self.d * self.d
-        per_step, per_token = (r * dd - self.d * dr) / det, t_bar + (self.n * dr - self.d * r) / det
+        per_step, per_token = (r * dd - self.d * dr) / det, t0 + (self.n * dr - self.d * r) / det
         if per_token < 0:
             per_step, per_token = self.r / self.n, 0.0
         if per_step < 0:
-            per_step, per_token = 0.0, max(0.0, (self.dr + w * t_bar) / dd)
+            per_step, per_token = 0.0, max(0.0, (self.dr + self.ridge * t0) / dd)
         self.per_step, self.per_token = max(0.0, per_step), per_token
 
 

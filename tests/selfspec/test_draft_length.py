@@ -93,10 +93,10 @@ def test_a_drafter_that_turns_good_is_noticed():
     assert run_steps(policy, lambda position: True, 40)[-5:] == [8] * 5
 
 
-def test_rejected_probes_back_off_and_an_accepted_one_resets_them():
+def test_rejected_probes_back_off_and_drafting_again_resets_them():
     """A useless drafter is probed every 8, 16, 32, 64, 64 ... steps at k=0, not every 8 steps; once a probe is
-    accepted drafting resumes within a few steps. Catches (planted): the wait not doubled (24 probes in 200 steps),
-    the wait never reset (the good drafter is noticed only after the longest wait)."""
+    accepted drafting resumes within a few steps, and the waits start short again. Catches (planted): the wait not
+    doubled (24 probes in 200 steps), the wait never reset."""
     policy = AdaptiveDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64)
     chosen = run_steps(policy, lambda position: False, 200)
     first_off = chosen.index(0)
