@@ -6,10 +6,16 @@ step is the single-sequence step of `engine.py` (propose, verify, accept, keep p
 the same verifier, `draw`, stop conditions, draft-length policies and stats recorder. A row that finishes leaves
 the batch (its cache rows are dropped), so it costs no more compute.
 
+How many tokens each row drafts: with num_draft_tokens="auto" and no seed, one width for the whole batch
+(`BatchDraftLength`: each row's acceptance, the padded forward's cost learned from the batch's timings), which changes
+how fast, never what (greedy rows and unseeded sampling have no per-row draws to keep). With a seed or generator each
+row plans alone from its acceptance and the prior curve (its tokens must not depend on its neighbours or timings); an
+int is every row's fixed k.
+
 Why a row's output equals its output alone: its queries see exactly its own committed entries and block (the cache's
 mask), at its own positions; its random draws come from its own generator in the same order (first token, then per
-step its drafter's draws and the verifier's); its draft length comes from its own policy. Greedy rows are therefore
-token-identical to decoding alone, sampled rows with a seed per row (seed s: row i is seeded s + i) too.
+step its drafter's draws and the verifier's); seeded, its draft length comes from its own policy. Greedy rows are
+therefore token-identical to decoding alone, sampled rows with a seed per row (seed s: row i is seeded s + i) too.
 
 Not supported: early exit (its layer-by-layer forward builds one sequence's masks), drafts that share work
 (`Draft.prefilled_layers`), tree drafts, cache layers other than full attention (sliding windows), `transformers`
@@ -24,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from selfspec.batch_cache import RaggedCache
+from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
 from selfspec.draft_length import draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
@@ -66,8 +73,9 @@ class _Row:
 
 
 class _StepClock:
-    """The batch reads the real clock once when a piece of work starts and once when it ends; every row's recorder
-    reads that same instant, so each row is charged the whole step it took part in (its latency)."""
+    """The batch reads the real clock when a piece of work starts, when it ends (and around a step's verify forward,
+    for the planner); every row's recorder reads the latest instant, the same for all rows, so each row is charged
+    the whole step it took part in (its latency)."""
 
     def __init__(self, clock):
         self.clock, self.now = clock, 0.0
@@ -104,7 +112,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
             _row_policy(spec, options), drafter, generator, StatsRecorder(drafter_parameter_bytes(drafter), clock),
         ))
     total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter))
-    pieces = _decode_batch(target, rows, options.sampling, clock, total)
+    pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options))
     return prompts, pieces, [row.recorder.stats for row in rows], total
 
 
@@ -129,10 +137,12 @@ def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
 
 
 @torch.inference_mode()
-def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats):
+def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats,
+                  planner: BatchDraftLength | None):
     """Prefill every row, then steps of propose (per row) -> one verify forward -> verify (per row) -> commit -> feed
     back, until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row
-    that committed nothing emittable is left out. Fills `total` once, at the end."""
+    that committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width
+    (None: each row's policy)."""
     all_rows, cache = rows, RaggedCache(target.model, len(rows), target.device)
     started = clock.tick()
     for row in rows:
@@ -148,9 +158,13 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         for row in rows:
             row.recorder.start()
         stepped = rows
-        drafts, verdicts, emitted = _step(target, cache, rows, sampling)
+        drafts, verdicts, emitted, verify_seconds = _step(target, cache, rows, sampling, clock, planner)
         rows = _drop_finished(rows, cache)
-        decode_seconds += clock.tick() - started
+        step_seconds = clock.tick() - started
+        decode_seconds += step_seconds
+        if planner is not None:
+            drafted, accepted = [d.num_draft_tokens for d in drafts], sum(v.num_accepted for v in verdicts)
+            planner.observe(drafted, accepted, verify_seconds, step_seconds)
         forwards, peak = forwards + 1, max(peak, cache.nbytes())
         share = cache.nbytes() // max(len(rows), 1)  # each row's part of the one cache
         for row, draft, verdict in zip(stepped, drafts, verdicts):
@@ -178,17 +192,20 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
     return emitted
 
 
-def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig):
+def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock,
+          planner: BatchDraftLength | None):
     """One decode step for every row: each row's draft, one forward over the padded blocks [pending, *drafts], each
-    row's verdict, its kept entries committed. Returns (drafts, verdicts, emitted)."""
+    row's verdict, its kept entries committed. Returns (drafts, verdicts, emitted, the verify forward's seconds)."""
     for row in rows:
         row.buffer[row.num_tokens], row.num_tokens = row.next_token, row.num_tokens + 1  # pending: not in the cache
-    drafts = [_propose(row, sampling, target) for row in rows]
+    drafts = [_propose(row, k, sampling, target) for row, k in zip(rows, _draft_lengths(rows, planner))]
     blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]
+    verify_started = clock.tick()
     hidden_all = _forward_block(target, cache, _pad(blocks))  # [B, 1 + max k_r, hidden]
     sizes = [block.shape[0] for block in blocks]  # k_r + 1
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     target_logits = target.logits(verified).split(sizes)  # per row [k_r + 1, vocab]
+    verify_seconds = clock.tick() - verify_started
     verdicts = [verify(d, logits, sampling, row.generator) for row, d, logits in zip(rows, drafts, target_logits)]
     cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
     emitted = []
@@ -201,12 +218,20 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
         tokens = row.stop.admit(accepted.tolist() + [verdict.next_token])
         if tokens:
             emitted.append((row.index, tokens))
-    return drafts, verdicts, emitted
+    return drafts, verdicts, emitted, verify_seconds
 
 
-def _propose(row: _Row, sampling: SamplingConfig, target) -> Draft:
-    """The row's draft of up to its policy's k tokens (a step emits at most k + 1, so never past the budget)."""
-    k = min(row.policy.choose(), row.stop.remaining - 1)
+def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[int]:
+    """Each row's k this step: the batch's width, else its own policy's; never past its budget (a step emits at most
+    k + 1). The padded forward costs the same whatever a row shorter than the widest drafts, so every row drafts."""
+    if planner is None:
+        return [min(row.policy.choose(), row.stop.remaining - 1) for row in rows]
+    width = planner.choose([(row.policy, row.stop.remaining - 1) for row in rows])
+    return [min(width, row.stop.remaining - 1) for row in rows]
+
+
+def _propose(row: _Row, k: int, sampling: SamplingConfig, target) -> Draft:
+    """The row's draft of up to k tokens."""
     if k <= 0:  # not asked: the unseen states wait for its next proposal
         return Draft.empty(row.buffer.device)
     hidden_states = torch.cat(row.unseen) if len(row.unseen) > 1 else row.unseen[0]  # [num_new, hidden]
@@ -305,9 +330,18 @@ def _row_generators(options, num_rows: int, device) -> list:
 
 
 def _row_policy(spec, options):
-    """Each row's own draft-length policy, as the single-sequence path builds it. A batch's step time says nothing
-    about one row's cost, so no policy learns from timings here (and the verify-cost curve is read, never taught)."""
+    """Each row's own draft-length policy, as the single-sequence path builds it (under a batch planner, only its
+    acceptance estimates are used). A batch's step time says nothing about one row's cost, so no policy learns from
+    timings here (and the single-sequence verify-cost curve is read, never taught)."""
     if options.reproducible:
         device = spec.target.device
         return draft_length_policy(options.num_draft_tokens, lambda: prior_verify_cost(device), learn_step_cost=False)
     return draft_length_policy(options.num_draft_tokens, spec.verify_cost, learn_step_cost=False)
+
+
+def _batch_planner(spec, options) -> BatchDraftLength | None:
+    """"auto" without a seed: one width for the batch, priced from a copy of this device's curve that only this batch
+    teaches. None (each row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
+    if options.num_draft_tokens != "auto" or options.reproducible:
+        return None
+    return BatchDraftLength(spec.verify_cost().snapshot())

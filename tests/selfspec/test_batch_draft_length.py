@@ -1,0 +1,242 @@
+"""The batch's draft width: priced by the padded forward over B * (1 + w) tokens, drafting where acceptance pays for
+it, within each row's budget, probing when off, learning its costs from the batch's own timings; through the engine
+it changes how fast, never which tokens (greedy rows equal each prompt alone), and it is used only when no seed asks
+for rows that plan alone.
+
+Each test names the planted bugs it caught (planted in selfspec/batch_draft_length.py or selfspec/batch.py, seen to
+fail, reverted)."""
+import pytest
+import torch
+
+import selfspec.batch
+from selfspec import SelfSpecModel
+from selfspec.batch_draft_length import BatchDraftLength
+from selfspec.draft_length import AdaptiveDraftLength
+from selfspec.sampling import SamplingConfig
+from selfspec.verify_cost import LearnedVerifyCost, VerifyCost
+from tests.conftest import tiny_model
+from tests.selfspec.exactness import exact_continuation_law, law_pvalue
+from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences
+from tests.selfspec.scripted_time import ScriptedClock
+from tests.selfspec.test_batch import engine, prompts_of_different_lengths
+
+CPU_LIKE = VerifyCost(tuple(1 + 0.15 * k for k in range(9)))  # linear: one more token costs 0.15 of a decode
+NEARLY_FLAT = VerifyCost(tuple(1 + 0.01 * k for k in range(9)))  # a large GPU: dozens of tokens cost about one
+
+
+def row(rate: float, cap: int = 8) -> tuple[AdaptiveDraftLength, int]:
+    """A row whose every draft position is accepted with probability `rate` (as if after 1,000 observations),
+    allowed `cap` drafts this step."""
+    policy = AdaptiveDraftLength(CPU_LIKE, prior_acceptance=rate, learn_step_cost=False)
+    policy.tried, policy.accepted = [1000.0] * 8, [1000.0 * rate] * 8
+    return policy, cap
+
+
+def test_the_padded_batch_is_priced_by_all_its_tokens():
+    """Acceptance 0.5 on a CPU-like curve: one row drafts 2, but eight rows would pay for 8 * (1 + w) tokens, which
+    their expected tokens do not repay, so the batch drafts nothing.
+    Catches (planted): a step priced as one row's 1 + w tokens (w = 2 at batch 8)."""
+    assert BatchDraftLength(CPU_LIKE).choose([row(0.5)]) == 2
+    assert BatchDraftLength(CPU_LIKE).choose([row(0.5) for _ in range(8)]) == 0
+
+
+def test_a_cheap_forward_and_good_drafts_draft_the_most():
+    """Acceptance 0.9 on a nearly flat curve: 8 rows at w = 8 verify 72 tokens for about 1.7 decodes.
+    Catches (planted): the widths searched stopping short of max_draft_tokens (w = 7)."""
+    assert BatchDraftLength(NEARLY_FLAT).choose([row(0.9) for _ in range(8)]) == 8
+    assert BatchDraftLength(NEARLY_FLAT).choose([row(0.9), row(0.1), row(0.9), row(0.1)]) == 8
+
+
+def test_row_budgets_bound_the_width_and_what_it_gains():
+    """Rows allowed 2 drafts: the width is 2, not 8 (the block is no wider). Three rows about to finish (cap 0) and
+    one that may draft: the others' padding is paid for one row's gain, which does not repay it.
+    Catches (planted): each row's gain counted at w, not at its cap (w = 1 with three finishing rows)."""
+    assert BatchDraftLength(NEARLY_FLAT).choose([row(1.0, cap=2), row(1.0, cap=1)]) == 2
+    assert BatchDraftLength(CPU_LIKE).choose([row(0.6) for _ in range(4)]) > 0
+    assert BatchDraftLength(CPU_LIKE).choose([row(0.6, cap=0), row(0.6, cap=0), row(0.6, cap=0), row(0.6)]) == 0
+
+
+def test_probes_one_draft_after_steps_at_zero_backing_off_while_rejected():
+    """Useless drafts: w = 0, but after 8 steps at 0 w = 1 so the rows keep learning acceptance; each probe no row
+    accepted doubles the wait (16, 32, 64), an accepted one keeps it; a width chosen on the evidence resets it to 8;
+    never a probe when no row may draft.
+    Catches (planted): no probe; the first probe at the 9th step (counter compared with >); no back-off; an accepted
+    probe doubling the wait, or resetting it; drafting on the evidence not resetting it; a probe when every cap is 0."""
+    planner = BatchDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64)
+
+    def run(rows, num_steps, probe_accepted=()):
+        """The widths of num_steps steps; the i-th step that drafts has a draft accepted iff probe_accepted[i]."""
+        widths, outcomes = [], iter(probe_accepted)
+        for _ in range(num_steps):
+            width = planner.choose(rows)
+            accepted = width > 0 and next(outcomes, False)
+            planner.observe([width] * len(rows), int(accepted), 0.01, 0.01)
+            widths.append(width)
+        return widths
+
+    useless, good = [row(0.0) for _ in range(4)], [row(0.9) for _ in range(4)]
+    widths = run(useless, 152, probe_accepted=(False, False, True, False, False))
+    assert [i for i, w in enumerate(widths) if w] == [7, 23, 55, 87, 151] and max(widths) == 1
+    assert run(good, 1) != [0]
+    assert run(useless, 8) == [0] * 7 + [1]
+    assert run([row(0.0, cap=0) for _ in range(4)], 70) == [0] * 70
+
+
+def forward_seconds(num_tokens: int, decode: float = 0.01, per_token: float = 0.45) -> float:
+    """A scripted device: a forward over num_tokens tokens (all rows together) in seconds."""
+    return decode * (1 + per_token * (num_tokens - 1))
+
+
+def test_learns_the_forward_cost_of_all_the_batchs_tokens():
+    """Forwards that cost 3x the start curve's extra per token (0.45 vs 0.15), at batch sizes 4 and 2 and several
+    widths: the curve learns the decode's seconds and the scale, and the planner then drafts less.
+    Catches (planted): observed as one row's k = width - 1 (scale about 8, not 3)."""
+    planner = BatchDraftLength(CPU_LIKE)
+    rows = [row(0.7) for _ in range(2)]
+    before = planner.choose(rows)
+    for step in range(60):
+        drafted = [step % 5, 0, 1, step % 3][: 4 - 2 * (step % 2)]  # 4 or 2 rows; the widest sets the block
+        seconds = forward_seconds(len(drafted) * (1 + max(drafted)))
+        planner.observe(drafted, 0, seconds, seconds)
+    assert planner.cost_curve.decode_seconds == pytest.approx(0.01, rel=0.05)  # the ridge holds the scale back a little
+    assert planner.cost_curve.scale == pytest.approx(3.0, rel=0.05)
+    assert planner.overhead.per_step == pytest.approx(0.0, abs=1e-9)  # the step was all forward
+    assert planner.choose(rows) < before
+
+
+def test_learns_what_each_drafted_token_costs():
+    """A flat forward (0.01 s at any width) and 0.004 s per drafted token outside it (drafting row by row) plus
+    0.001 s per step: per draft token 0.4 decodes, per step 0.1, learned from the step's time beyond its forward;
+    drafting then stops paying for 4 rows at acceptance 0.5 (it did while drafts were free).
+    Catches (planted): the overhead given the whole step's seconds (per step 1.1); charged per draft token as w,
+    not as the tokens drafted (w > 0 after learning)."""
+    planner = BatchDraftLength(VerifyCost((1.0,) * 9, decode_seconds=0.01))
+    rows = [row(0.5) for _ in range(4)]
+    assert planner.choose(rows) == 8
+    for step in range(60):
+        drafted = [step % 4, step % 3, 0, 1]
+        planner.observe(drafted, 0, 0.01, 0.01 + 0.004 * sum(drafted) + 0.001)
+    # (StepOverhead's ridge, worth one step against ~10 remembered ones, shifts a little per token to per step)
+    assert planner.overhead.per_token == pytest.approx(0.4, rel=0.1)
+    assert planner.overhead.per_step == pytest.approx(0.1, abs=0.1)
+    assert planner.choose(rows) == 0
+
+
+class _Recorded:
+    """Patches the engine's BatchDraftLength with one that records each step's (width, caps), per batch."""
+
+    def __init__(self, monkeypatch):
+        self.batches = []
+        record = self.batches
+
+        class Recording(BatchDraftLength):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.steps = []
+                record.append(self)
+
+            def choose(self, rows):
+                width = super().choose(rows)
+                self.steps.append((width, [cap for _, cap in rows]))
+                return width
+
+        monkeypatch.setattr(selfspec.batch, "BatchDraftLength", Recording)
+
+
+def scripted_batch_clock(spec, monkeypatch, seconds_for_tokens) -> ScriptedClock:
+    """The engine's clock moves only in the batch's target forwards, by seconds_for_tokens(all tokens of the block)."""
+    clock, forward = ScriptedClock(), selfspec.batch._forward_block
+    spec.clock = clock
+
+    def timed(target, cache, block_ids):
+        clock.advance(seconds_for_tokens(block_ids.numel()))
+        return forward(target, cache, block_ids)
+
+    monkeypatch.setattr(selfspec.batch, "_forward_block", timed)
+    return clock
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+def test_greedy_rows_under_the_batch_width_equal_each_prompt_alone(drafter, monkeypatch):
+    """Greedy "auto" (not reproducible): the planner chooses the width, on a scripted flat device so it drafts much;
+    every row still equals the model's own greedy decoding, drafts were accepted and rejected, and (n-gram, one
+    drafter serving all rows) every row was asked for exactly min(width, its budget).
+    Catches (planted): every row asked for the whole width, past its budget (it overruns its buffer)."""
+    recorded = _Recorded(monkeypatch)
+    spec = engine("llama", drafter)
+    if drafter == "ngram":
+        spec.drafter = RecordingDrafter(spec.drafter)
+    scripted_batch_clock(spec, monkeypatch, lambda num_tokens: 1.0)
+    prompts = prompts_of_different_lengths()
+    out = spec.generate(prompts, max_new_tokens=30, eos_token_id=[])
+    expected = greedy_sequences(spec.model, [p[None] for p in prompts], 30)
+    for got, plain in zip(out.sequences, expected):
+        assert torch.equal(got, plain)
+    assert_exercised(out.row_stats, what=f"{drafter} batch width")
+    assert out.stats.new_tokens == 4 * 30 and out.stats.drafted == sum(s.drafted for s in out.row_stats)
+    (planner,) = recorded.batches
+    assert len(planner.steps) == out.stats.target_forwards - 1  # one choice per step (not the prefill)
+    assert sum(width > 1 for width, _ in planner.steps) > len(planner.steps) // 2
+    if drafter == "ngram":
+        asked = [min(width, cap) for width, caps in planner.steps for cap in caps if min(width, cap) > 0]
+        assert [a for a, _ in spec.drafter.steps] == asked
+
+
+def test_the_width_follows_the_batchs_timings(monkeypatch):
+    """From a CPU-like start curve: on a flat device the batch learns that width is free and drafts up to the rows'
+    budgets (at most 8); on one where every token costs a whole decode (drafting never pays) it learns that and stops,
+    but for a few one-draft probes. The tokens are the same.
+    Catches (planted): no timings observed (the flat device's widths stay at the start curve's 1-2)."""
+    prompts, steps, sequences = prompts_of_different_lengths(), {}, {}
+    for device, seconds in (("flat", lambda n: 1.0), ("steep", lambda n: float(n))):
+        recorded = _Recorded(monkeypatch)
+        spec = engine("llama", "ngram")
+        monkeypatch.setattr(spec, "verify_cost", lambda: LearnedVerifyCost(CPU_LIKE))
+        scripted_batch_clock(spec, monkeypatch, seconds)
+        sequences[device] = spec.generate(prompts, max_new_tokens=40, eos_token_id=[]).sequences
+        (planner,) = recorded.batches
+        steps[device] = planner.steps[len(planner.steps) // 2 :]  # (width, caps) once the costs are learned
+    assert all(torch.equal(a, b) for a, b in zip(sequences["flat"], sequences["steep"]))
+    full = [width == min(8, max(caps)) for width, caps in steps["flat"]]
+    assert sum(full) >= len(full) - 2, steps["flat"]
+    widths = [width for width, _ in steps["steep"]]
+    assert max(widths) == 1 and widths.count(1) <= len(widths) // 8 + 1, widths
+
+
+def test_unseeded_sampled_rows_under_the_batch_width_follow_the_model_law(monkeypatch):
+    """Sampling without a seed: the width depends on every row's acceptance, but is chosen before the step's draws,
+    so each row still follows the model's law. 1,200 rows of one prompt on a 4-token vocabulary (batches of 40 on a
+    flat start curve, so the planner drafts), compared with the exact law of a 3-token continuation.
+    Catches (planted): the drafts verified greedily (p-value 0)."""
+    model = tiny_model("llama", seed=0, vocab_size=4, hidden=16, num_layers=1)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)
+    spec = SelfSpecModel(model, drafter="ngram")
+    monkeypatch.setattr(spec, "verify_cost", lambda: LearnedVerifyCost(VerifyCost((1.0,) * 9)))
+    recorded = _Recorded(monkeypatch)
+    prompt = torch.tensor([3, 1, 2, 3, 1, 2])
+    torch.manual_seed(0)
+    samples, stats = [], []
+    for _ in range(30):
+        out = spec.generate([prompt] * 40, max_new_tokens=3, do_sample=True, temperature=0.9, eos_token_id=[])
+        samples += [tuple(s[prompt.shape[0]:].tolist()) for s in out.sequences]
+        stats += out.row_stats
+    assert len(recorded.batches) == 30 and any(width for width, _ in recorded.batches[0].steps)
+    assert_exercised(stats, what="unseeded batched law")
+    law = exact_continuation_law(model, prompt[None], 3, SamplingConfig(True, 0.9))
+    assert law_pvalue(samples, law) > 1e-3
+
+
+def test_used_only_for_auto_without_a_seed(monkeypatch):
+    """Seeded sampling keeps each row's own policy (a row's tokens must not depend on its neighbours) and an int
+    keeps each row's fixed k: no batch planner; greedy and unseeded sampling with "auto" get one.
+    Catches (planted): a planner for seeded sampling; a planner for an int k."""
+    spec = SelfSpecModel(tiny_model("llama"), drafter="ngram")
+    prompts = prompts_of_different_lengths()[:2]
+    sampled = dict(do_sample=True, temperature=0.8, max_new_tokens=6, eos_token_id=[])
+    for options, planned in ((dict(seed=3, **sampled), False), (dict(generator=torch.Generator(), **sampled), False),
+                             (dict(num_draft_tokens=3, max_new_tokens=6), False), (dict(max_new_tokens=6), True),
+                             (sampled, True)):
+        recorded = _Recorded(monkeypatch)
+        spec.generate(prompts, **options)
+        assert len(recorded.batches) == int(planned), options
