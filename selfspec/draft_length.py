@@ -55,6 +55,8 @@ class AdaptiveDraftLength:
     doubles the wait before the next (up to `max_probe_every`); k > 0 chosen on the evidence (after accepted probes
     raised the estimates) resets it. A drafter that is rarely right thus costs a handful of probes per generation,
     not one every 8 steps (an early-exit probe costs about half a decode: one per 8 steps was a 6 % loss on SmolLM2).
+    `verified_tokens`: k -> the tokens a step drafting k verifies, when that is not k: a tree k levels deep verifies
+    up to its node budget (the drafter's `max_tree_nodes`), and is priced so, so on a CPU a tree must earn its nodes.
     `draft_cost`: what drafting one token is expected to cost, in one-token decodes (a drafter's `draft_cost`, e.g.
     early exit's share of the model's weights it runs); the learned per-token overhead is pulled towards it rather
     than towards 0, so a costly drafter is not tried at length before timings come in.
@@ -78,6 +80,7 @@ class AdaptiveDraftLength:
         learn_step_cost: bool = True,
         max_probe_every: int = 64,
         draft_cost: float = 0.0,
+        verified_tokens: Callable[[int], int] | None = None,
     ):
         if not 0 < decay <= 1 or prior_weight <= 0 or not 0 <= prior_acceptance <= 1 or max_draft_tokens < 1:
             raise ValueError("need 0 < decay <= 1, prior_weight > 0, 0 <= prior_acceptance <= 1, max_draft_tokens >= 1")
@@ -90,6 +93,7 @@ class AdaptiveDraftLength:
         self.decay = decay
         self.probe_every = probe_every
         self.learn_step_cost = learn_step_cost
+        self.verified_tokens = verified_tokens or (lambda k: k)  # k -> tokens one step verifies (a tree: its nodes)
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
@@ -117,7 +121,8 @@ class AdaptiveDraftLength:
 
     def step_cost(self, num_draft_tokens: int) -> float:
         """Expected cost of a step drafting `num_draft_tokens`, in one-token decodes."""
-        return self.cost_curve(num_draft_tokens) + self.overhead.per_step + num_draft_tokens * self.overhead.per_token
+        verified = self.verified_tokens(num_draft_tokens)
+        return self.cost_curve(verified) + self.overhead.per_step + num_draft_tokens * self.overhead.per_token
 
     def choose(self) -> int:
         k = max(range(self.max_draft_tokens + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
@@ -144,7 +149,7 @@ class AdaptiveDraftLength:
         decode_seconds = self.cost_curve.decode_seconds  # 0 until the curve knows this device's decode time
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
             step = seconds / decode_seconds  # in one-token decodes
-            self.overhead.observe(num_drafted, step - self.cost_curve(num_drafted))
+            self.overhead.observe(num_drafted, step - self.cost_curve(self.verified_tokens(num_drafted)))
 
 
 class StepOverhead:
@@ -177,15 +182,17 @@ class StepOverhead:
 
 def draft_length_policy(
     num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True,
-    draft_cost: float = 0.0,
+    draft_cost: float = 0.0, verified_tokens: Callable[[int], int] | None = None,
 ):
     """An int -> a fixed policy; "auto" -> an adaptive one planning with `load_cost_curve()` (called only then, so
     a fixed k never reads the curve's cache) and learning step costs from timings unless told not to, starting from
-    `draft_cost` decodes per draft token; a ready policy object (choose/observe) is used as is."""
+    `draft_cost` decodes per draft token and pricing k drafts as `verified_tokens(k)` verified (default k); a ready
+    policy object (choose/observe) is used as is."""
     if num_draft_tokens == "auto":
         if load_cost_curve is None:
             raise ValueError('num_draft_tokens="auto" needs the device\'s verify cost curve')
-        return AdaptiveDraftLength(load_cost_curve(), learn_step_cost=learn_step_cost, draft_cost=draft_cost)
+        return AdaptiveDraftLength(load_cost_curve(), learn_step_cost=learn_step_cost, draft_cost=draft_cost,
+                                   verified_tokens=verified_tokens)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         if hasattr(num_draft_tokens, "choose") and hasattr(num_draft_tokens, "observe"):
             return num_draft_tokens

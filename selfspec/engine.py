@@ -70,8 +70,9 @@ class SelfSpecModel:
     verify cost (`resolve_tree_size`). Needs a model whose attention takes a custom 4D mask (checked here) and
     cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: stats, the "auto"
     policy and the verify-cost curve see a tree step as N drafted tokens (the nodes verified) of which the accepted
-    path's length was accepted, so "auto" learns per-depth acceptance and the real cost of verifying N; it still
-    prices a candidate k as k verified tokens, so with trees it drafts somewhat more readily than their cost warrants.
+    path's length was accepted, so "auto" learns per-depth acceptance and the real cost of verifying N, and it prices
+    a tree k levels deep as the most nodes such a tree holds (the drafter's `max_tree_nodes`), so on a CPU a tree
+    must earn its nodes.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
@@ -196,14 +197,15 @@ class SelfSpecModel:
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
-        draft_cost = getattr(self.drafter, "draft_cost", 0.0)  # a drafter's own estimate, in decodes per draft token
+        pricing = {"draft_cost": getattr(self.drafter, "draft_cost", 0.0)}  # a drafter's estimate, decodes per token
+        if self.tree_size and hasattr(self.drafter, "max_tree_nodes"):  # a tree k deep verifies up to its node budget
+            pricing["verified_tokens"] = lambda depth: self.drafter.max_tree_nodes(depth, self.tree_size)
         if options.reproducible:  # plan from acceptance and the prior curve only: the same k on every run
             policy = draft_length_policy(
-                options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False,
-                draft_cost=draft_cost,
+                options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False, **pricing
             )
         else:
-            policy = draft_length_policy(options.num_draft_tokens, self.verify_cost, draft_cost=draft_cost)
+            policy = draft_length_policy(options.num_draft_tokens, self.verify_cost, **pricing)
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())

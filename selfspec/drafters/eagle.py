@@ -87,6 +87,11 @@ class EagleDrafter:
             return Draft.empty(context.token_ids.device)
         return Draft(torch.cat(tokens), torch.cat(draft_probs) if draft_probs else None)
 
+    def max_tree_nodes(self, depth: int, tree_size: int) -> int:
+        """The most nodes a tree of at most `depth` levels holds: k children of the root, then k children of each of
+        the k nodes expanded per level, the best N of them."""
+        return min(tree_size, self.tree_top_k + max(depth - 1, 0) * self.tree_top_k ** 2) if depth > 0 else 0
+
     def _draft_tree(self, feature: torch.Tensor, context: DraftContext) -> Draft:
         """feature [1, hidden] of the pending token's position -> the tree of the `context.tree_size` most probable
         nodes, at most `context.num_draft_tokens` deep."""

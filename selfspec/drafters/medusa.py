@@ -69,6 +69,11 @@ class MedusaDrafter:
                 tokens, draft_probs = tokens[:keep], None if draft_probs is None else draft_probs[:keep]
         return Draft(tokens, draft_probs)
 
+    def max_tree_nodes(self, depth: int, tree_size: int) -> int:
+        """The most nodes a tree of at most `depth` levels holds: every head's top k, all their paths, the best N."""
+        depth = min(depth, self.heads.num_heads)
+        return min(tree_size, sum(self.tree_top_k ** d for d in range(1, depth + 1)))
+
     def _propose_tree(self, logits: torch.Tensor, context: DraftContext) -> Draft:
         """[depth, N] the heads' logits -> the tree of the `context.tree_size` most probable nodes."""
         tokens, log_probs = top_draft_tokens(logits, context, self.tree_top_k, self.heads.draft_vocab)  # [depth, k]

@@ -141,6 +141,23 @@ def test_costly_verification_asks_for_fewer_drafts():
     assert AdaptiveDraftLength(CPU_LIKE).expected_tokens(0) == 1.0
 
 
+def test_a_tree_is_priced_by_the_nodes_it_verifies():
+    """A tree k levels deep verifies up to its node budget (here min(6, 4k)) and is priced so: where each verified
+    token costs half a decode, acceptance 0.7 still buys a chain but no tree; on a flat (GPU-like) curve nodes are
+    free and the tree goes deep. Catches (planted): verified_tokens ignored in step_cost."""
+    def policy_for(cost, verified_tokens=None):
+        policy = AdaptiveDraftLength(cost, prior_acceptance=0.7, learn_step_cost=False, verified_tokens=verified_tokens)
+        policy.tried, policy.accepted = [1000.0] * 8, [700.0] * 8
+        return policy
+
+    tree = lambda k: min(6, 4 * k)  # noqa: E731
+    assert policy_for(CPU_LIKE, tree).step_cost(1) == pytest.approx(CPU_LIKE(4))
+    assert policy_for(CPU_LIKE).step_cost(1) == CPU_LIKE(1)
+    half = VerifyCost(tuple(1 + 0.5 * k for k in range(9)))
+    assert policy_for(half).choose() > 0 and policy_for(half, tree).choose() == 0
+    assert policy_for(GPU_LIKE, tree).choose() == 8
+
+
 def test_acceptance_is_estimated_per_position():
     """Position 0 always accepted, position 1 never: k settles at 1 (trying 2 now and then, as position 1's
     evidence is shrunk towards position 0's)."""

@@ -204,6 +204,37 @@ def test_caches_hold_the_accepted_path_only(monkeypatch):
     assert 0 < max(excess) <= width * 3  # depths 1..3 expanded, `width` nodes each: cut by the next proposal
 
 
+@pytest.mark.parametrize("drafter", ["medusa", "eagle"])
+def test_auto_prices_a_tree_step_by_the_most_nodes_it_can_hold(drafter, monkeypatch):
+    """`max_tree_nodes(depth, N)` bounds every tree the drafter builds at that depth cap (and is reached), and the
+    engine hands it to the "auto" policy for tree wrappers only. Catches (planted): a bound one short (EAGLE's
+    k + (depth - 1) k instead of k + (depth - 1) k^2 at N = 30); the engine not passing it."""
+    import selfspec.engine
+
+    if drafter == "eagle":
+        model = sharp(tiny_model("llama"))
+        heads = trained_head(model)
+    else:
+        model, heads, _ = medusa_model_and_heads("llama")
+    spec = SelfSpecModel(model, heads=heads, tree_size=30, min_draft_confidence=0.0)
+    spy = TreeSpy(monkeypatch)
+    reached = set()
+    for depth in (1, 2, 3):
+        spy.steps.clear()
+        spec.generate(random_prompt(8, seed=depth), max_new_tokens=12, num_draft_tokens=depth, eos_token_id=[])
+        bound = spec.drafter.max_tree_nodes(depth, 30)
+        assert spy.steps and all(tree.num_nodes <= bound for tree, _ in spy.steps)
+        reached |= {depth for tree, _ in spy.steps if tree.num_nodes == bound}
+    assert reached == {1, 2, 3}
+    given = []
+    original = selfspec.engine.draft_length_policy
+    monkeypatch.setattr(selfspec.engine, "draft_length_policy", lambda *a, **kw: given.append(kw) or original(*a, **kw))
+    spec.generate(random_prompt(8), max_new_tokens=4, eos_token_id=[])
+    SelfSpecModel(model, heads=heads).generate(random_prompt(8), max_new_tokens=4, eos_token_id=[])
+    assert given[0]["verified_tokens"](2) == spec.drafter.max_tree_nodes(2, 30) > 2
+    assert "verified_tokens" not in given[1]
+
+
 def test_chain_drafters_keep_proposing_chains_with_tree_size():
     """tree_size reaches every drafter (DraftContext.tree_size); n-gram ignores it and its chains are verified as
     before; "auto" resolves to this device's node budget."""
