@@ -35,3 +35,18 @@ def scripted_engine_clock(spec, seconds_for_tokens) -> tuple[ScriptedClock, list
     clock = ScriptedClock()
     spec.clock = clock
     return clock, scripted_forwards(spec.target, clock, seconds_for_tokens)
+
+
+def scripted_batch_clock(spec, monkeypatch, seconds_for_tokens) -> ScriptedClock:
+    """The engine's clock moves only in the batch's target forwards, by seconds_for_tokens(all tokens of the block)."""
+    import selfspec.batch as batch
+
+    clock, forward = ScriptedClock(), batch._forward_block
+    spec.clock = clock
+
+    def timed(target, cache, block_ids):
+        clock.advance(seconds_for_tokens(block_ids.numel()))
+        return forward(target, cache, block_ids)
+
+    monkeypatch.setattr(batch, "_forward_block", timed)
+    return clock

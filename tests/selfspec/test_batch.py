@@ -8,6 +8,7 @@ from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.batch import is_prompt_batch
 from selfspec.sampling import SamplingConfig
+from tests.selfspec.scripted_time import scripted_batch_clock
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, trained_heads
@@ -56,8 +57,11 @@ def test_greedy_rows_equal_each_prompt_alone_and_generate(family, drafter):
     assert out.stats.target_forwards == max(s.target_forwards for s in out.row_stats)
 
 
-def test_gpt2_and_auto_draft_length():
+def test_gpt2_and_auto_draft_length(monkeypatch):
+    """num_draft_tokens="auto" (the batch's width) on a scripted device where verifying is nearly free, so how much
+    it drafts does not depend on how busy the machine running the test is."""
     spec = engine("gpt2", "ngram")
+    scripted_batch_clock(spec, monkeypatch, lambda num_tokens: 0.01 * (1 + 0.001 * num_tokens))
     prompts = prompts_of_different_lengths()
     out = spec.generate(prompts, max_new_tokens=25, eos_token_id=[])  # num_draft_tokens="auto": a policy per row
     for prompt, got in zip(prompts, out.sequences):

@@ -17,7 +17,7 @@ from selfspec.verify_cost import LearnedVerifyCost, VerifyCost
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences
-from tests.selfspec.scripted_time import ScriptedClock
+from tests.selfspec.scripted_time import ScriptedClock, scripted_batch_clock
 from tests.selfspec.test_batch import engine, prompts_of_different_lengths
 
 CPU_LIKE = VerifyCost(tuple(1 + 0.15 * k for k in range(9)))  # linear: one more token costs 0.15 of a decode
@@ -141,19 +141,6 @@ class _Recorded:
                 return width
 
         monkeypatch.setattr(selfspec.batch, "BatchDraftLength", Recording)
-
-
-def scripted_batch_clock(spec, monkeypatch, seconds_for_tokens) -> ScriptedClock:
-    """The engine's clock moves only in the batch's target forwards, by seconds_for_tokens(all tokens of the block)."""
-    clock, forward = ScriptedClock(), selfspec.batch._forward_block
-    spec.clock = clock
-
-    def timed(target, cache, block_ids):
-        clock.advance(seconds_for_tokens(block_ids.numel()))
-        return forward(target, cache, block_ids)
-
-    monkeypatch.setattr(selfspec.batch, "_forward_block", timed)
-    return clock
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle"])
