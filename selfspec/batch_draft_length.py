@@ -28,17 +28,26 @@ class BatchDraftLength:
     `max_probe_every`), a width chosen on the evidence resets it. A probe costs B more tokens in the forward, so a
     useless drafter costs a handful of them per generation, not one every 8 steps. Defaults follow
     `AdaptiveDraftLength`'s (its replayed measurements).
+
+    The cost's shape can only be learned from steps of different widths, and a batched forward is not shaped like
+    one sequence's (measured on SmolLM2 at batch 8: each row's attention over its own cache makes the base cost far
+    higher, so extra tokens cost relatively less): so after `explore_every` steps at the same width w > 0, one step
+    runs at a neighbouring width (w - 1 and w + 1 in turn), a small price for a fit that can tell them apart.
     """
 
     def __init__(self, start: VerifyCost, max_draft_tokens: int = 8, probe_every: int = 8, max_probe_every: int = 64,
-                 decay: float = 0.9):
-        self.cost_curve = LearnedVerifyCost(start, path=None)  # total tokens - 1 -> one-row decodes; never saved
+                 decay: float = 0.9, explore_every: int = 8):
+        # total tokens - 1 -> one-row decodes; never saved. A weak pull towards the start's shape (a hundredth of a step at
+        # one unit of extra cost): a batch is shaped unlike one sequence, and explored widths must be able to show it.
+        self.cost_curve = LearnedVerifyCost(start, path=None, prior_weight=0.01)
         self.overhead = StepOverhead(decay)
         self.max_draft_tokens = max_draft_tokens
         self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
         self._probe_wait = probe_every  # steps at w = 0 before the next probe
         self._steps_at_zero = 0
         self._probing = False  # the width just chosen is a probe
+        self.explore_every = explore_every
+        self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""
@@ -64,7 +73,19 @@ class BatchDraftLength:
                 self._steps_at_zero, self._probing, best = 0, True, 1
         else:
             self._steps_at_zero, self._probe_wait = 0, self.probe_every
+            best = self._explore(best, max(cap for _, cap in rows))
         return best
+
+    def _explore(self, width: int, widest: int) -> int:
+        """After `explore_every` steps at the same width w > 0, one step at w - 1 or w + 1 (in turn, within the
+        rows' caps), so the timings cover more than one width."""
+        self._same_width_steps = self._same_width_steps + 1 if width == self._last_width else 1
+        self._last_width = width
+        if not self.explore_every or self._same_width_steps < self.explore_every:
+            return width
+        self._same_width_steps, self._explore_up = 0, not self._explore_up
+        wider = width + 1 if width < min(widest, self.max_draft_tokens) else width - 1
+        return wider if self._explore_up else width - 1
 
     def observe(self, drafted: list[int], num_accepted: int, verify_seconds: float, step_seconds: float) -> None:
         """A step ended: drafted[r] tokens were proposed by row r (rows in the forward, in any order), num_accepted

@@ -104,6 +104,32 @@ def test_learns_the_forward_cost_of_all_the_batchs_tokens():
     assert planner.choose(rows) < before
 
 
+@pytest.mark.parametrize("explore_every", [8, 0])
+def test_explores_neighbouring_widths_to_learn_a_cost_shaped_unlike_the_start(explore_every):
+    """The start curve says a token of the block costs 0.03 of a decode (SmolLM2's single-sequence tail); the device
+    charges 0.2 (a batched forward is shaped otherwise). Timings of one width cannot tell a costlier forward from
+    costlier tokens; a step at a neighbouring width every 8 steps can, and the width falls to the true optimum, 0
+    (8 rows accepting half their drafts: w = 0 gives 8 tokens for 2.4 decodes, w = 1 12 for 4, w = 2 14 for 5.6),
+    probing now and then. Without exploring (explore_every=0) it stays at the start's choice: the case exists to
+    show that. Catches (planted): exploration never triggered."""
+    tail = VerifyCost(tuple(1 + 0.03 * k for k in range(9)))
+    planner = BatchDraftLength(tail, explore_every=explore_every)
+    rows = [row(0.5) for _ in range(8)]
+    g = torch.Generator().manual_seed(0)
+    widths = []
+    for _ in range(200):
+        w = planner.choose(rows)
+        accepted = sum(int(torch.rand(w, generator=g).lt(0.5).cumprod(0).sum()) if w else 0 for _ in rows)
+        seconds = 0.01 * (1 + 0.2 * (8 * (1 + w) - 1))
+        planner.observe([w] * 8, accepted, seconds, seconds)
+        widths.append(w)
+    assert widths[0] >= 1
+    if explore_every:
+        assert widths[-60:].count(0) >= 50 and max(widths[-60:]) == 1  # off, but for probes
+    else:
+        assert min(widths[-60:]) >= 1
+
+
 def test_learns_what_each_drafted_token_costs():
     """A flat forward (0.01 s at any width) and 0.004 s per drafted token outside it (drafting row by row) plus
     0.001 s per step: per draft token 0.4 decodes, per step 0.1, learned from the step's time beyond its forward;
