@@ -37,8 +37,8 @@ class BatchDraftLength:
 
     def __init__(self, start: VerifyCost, max_draft_tokens: int = 8, probe_every: int = 8, max_probe_every: int = 64,
                  decay: float = 0.9, explore_every: int = 8):
-        # total tokens - 1 -> one-row decodes; never saved. A weak pull towards the start's shape (a hundredth of a step at
-        # one unit of extra cost): a batch is shaped unlike one sequence, and explored widths must be able to show it.
+        # total tokens - 1 -> one-row decodes; never saved. A weak pull towards the start's shape (a hundredth of a
+        # step at one unit of extra cost): a batch is shaped unlike one sequence, and explored widths must show it.
         self.cost_curve = LearnedVerifyCost(start, path=None, prior_weight=0.01)
         self.overhead = StepOverhead(decay)
         self.max_draft_tokens = max_draft_tokens

@@ -17,7 +17,7 @@ from selfspec.verify_cost import LearnedVerifyCost, VerifyCost
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences
-from tests.selfspec.scripted_time import ScriptedClock, scripted_batch_clock
+from tests.selfspec.scripted_time import scripted_batch_clock
 from tests.selfspec.test_batch import engine, prompts_of_different_lengths
 
 CPU_LIKE = VerifyCost(tuple(1 + 0.15 * k for k in range(9)))  # linear: one more token costs 0.15 of a decode
