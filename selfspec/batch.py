@@ -8,9 +8,9 @@ the batch (its cache rows are dropped), so it costs no more compute.
 
 How many tokens each row drafts: with num_draft_tokens="auto" and no seed, one width for the whole batch
 (`BatchDraftLength`: each row's acceptance, the padded forward's cost learned from the batch's timings), which changes
-how fast, never what (greedy rows and unseeded sampling have no per-row draws to keep). With a seed or generator each
-row plans alone from its acceptance and the prior curve (its tokens must not depend on its neighbours or timings); an
-int is every row's fixed k.
+how fast, never what (greedy rows and unseeded sampling have no per-row draws to keep). When sampling with a seed or
+generator each row plans alone from its acceptance and the prior curve (its tokens must not depend on its neighbours
+or timings); an int is every row's fixed k.
 
 Why a row's output equals its output alone: its queries see exactly its own committed entries and block (the cache's
 mask), at its own positions; its random draws come from its own generator in the same order (first token, then per
@@ -23,7 +23,6 @@ streamers (use `stream`), and a draft-length policy object (it cannot serve seve
 """
 from __future__ import annotations
 
-import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -32,17 +31,14 @@ import torch
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
-from selfspec.draft_length import draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
-from selfspec.verify_cost import prior_verify_cost
 from selfspec.verify_step import verify
 
-_MASK_CHECKED: "weakref.WeakSet" = weakref.WeakSet()  # TargetModels whose decoder passed the 4D-mask probe
 
 
 def is_prompt_batch(input_ids) -> bool:
@@ -293,14 +289,12 @@ def _check_batch_support(spec, options) -> None:
         raise ValueError(
             f"several prompts need num_draft_tokens as an int or \"auto\" (each row gets its own policy); got {k!r}"
         )
-    if spec.target not in _MASK_CHECKED:
-        from selfspec.tree_forward import check_tree_support
+    from selfspec.tree_forward import check_tree_support
 
-        try:
-            check_tree_support(spec.target)  # the same mechanism: a 4D additive mask and explicit position ids
-        except NotImplementedError as err:
-            raise NotImplementedError(f"several prompts at once need it too: {err}") from err
-        _MASK_CHECKED.add(spec.target)
+    try:
+        check_tree_support(spec.target)  # the same mechanism: a 4D mask and explicit position ids (once per model)
+    except NotImplementedError as err:
+        raise NotImplementedError(f"several prompts at once need it too: {err}") from err
 
 
 def _row_drafters(drafter, target, num_rows: int) -> list:
@@ -333,10 +327,7 @@ def _row_policy(spec, options):
     """Each row's own draft-length policy, as the single-sequence path builds it (under a batch planner, only its
     acceptance estimates are used). A batch's step time says nothing about one row's cost, so no policy learns from
     timings here (and the single-sequence verify-cost curve is read, never taught)."""
-    if options.reproducible:
-        device = spec.target.device
-        return draft_length_policy(options.num_draft_tokens, lambda: prior_verify_cost(device), learn_step_cost=False)
-    return draft_length_policy(options.num_draft_tokens, spec.verify_cost, learn_step_cost=False)
+    return spec._draft_length_policy(options, learn_step_cost=False)
 
 
 def _batch_planner(spec, options) -> BatchDraftLength | None:

@@ -8,7 +8,7 @@ from the batch's own timings. Knows no model, cache, drafter or clock: the loop 
 """
 from __future__ import annotations
 
-from selfspec.draft_length import AdaptiveDraftLength, StepOverhead
+from selfspec.draft_length import AdaptiveDraftLength, ProbeSchedule, StepOverhead
 from selfspec.verify_cost import LearnedVerifyCost, VerifyCost
 
 
@@ -17,17 +17,17 @@ class BatchDraftLength:
 
     Objective: sum_r row_r.expected_tokens(min(w, cap_r)) / step_cost, where step_cost, in one-token decodes of one
     row, is cost_curve(B * (1 + width) - 1) + overhead.per_step + overhead.per_token * sum_r min(w, cap_r), and width
-    = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` started from the
-    single-sequence curve (a batch of B one-token rows priced as one row verifying B - 1 drafts: the same matmuls over
-    the weights) and taught only by this batch's verify forwards; it has no path, so batch timings never reach the
-    curve kept on disk. `overhead` learns the rest of each step (drafting, per-row verification, bookkeeping), so a
+    = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` started from a
+    straight line through the single-sequence curve (B one-token rows priced as one row verifying B - 1 drafts: the
+    same matmuls over the weights) and taught only by this batch's verify forwards; it has no path, so batch timings
+    never reach the curve kept on disk. `overhead` learns the rest of each step (drafting, per-row verification, bookkeeping), so a
     drafter that costs per drafted token (EAGLE runs its head once per token, row by row) is priced too.
 
     Rows learn acceptance only when they draft, so after `probe_every` steps at w = 0 one step drafts w = 1 in every
     row (a probe), as `AdaptiveDraftLength` probes: a probe no row accepted doubles the wait for the next (up to
     `max_probe_every`), a width chosen on the evidence resets it. A probe costs B more tokens in the forward, so a
-    useless drafter costs a handful of them per generation, not one every 8 steps. Defaults follow
-    `AdaptiveDraftLength`'s (its replayed measurements).
+    useless drafter costs a handful of them per generation, not one every 8 steps. Probe defaults follow
+    `AdaptiveDraftLength`'s (its replayed measurements); `explore_every` is a choice, not yet tuned.
 
     The cost's shape can only be learned from steps of different widths, and a batched forward is not shaped like
     one sequence's (measured on SmolLM2 at batch 8: each row's attention over its own cache makes the base cost far
@@ -37,15 +37,13 @@ class BatchDraftLength:
 
     def __init__(self, start: VerifyCost, max_draft_tokens: int = 8, probe_every: int = 8, max_probe_every: int = 64,
                  decay: float = 0.9, explore_every: int = 8):
-        # total tokens - 1 -> one-row decodes; never saved. A weak pull towards the start's shape (a hundredth of a
-        # step at one unit of extra cost): a batch is shaped unlike one sequence, and explored widths must show it.
-        self.cost_curve = LearnedVerifyCost(start, path=None, prior_weight=0.01)
+        # total tokens - 1 -> one-row decodes; never saved. Started from a straight line (see `straight`), with a weak
+        # pull towards its slope (a hundredth of a step at one unit of extra cost; a choice, not measured): a batch is
+        # shaped unlike one sequence, and the explored widths must be able to show it.
+        self.cost_curve = LearnedVerifyCost(straight(start), path=None, prior_weight=0.01)
         self.overhead = StepOverhead(decay)
         self.max_draft_tokens = max_draft_tokens
-        self.probe_every, self.max_probe_every = probe_every, max(probe_every, max_probe_every)
-        self._probe_wait = probe_every  # steps at w = 0 before the next probe
-        self._steps_at_zero = 0
-        self._probing = False  # the width just chosen is a probe
+        self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.explore_every = explore_every
         self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
 
@@ -66,15 +64,9 @@ class BatchDraftLength:
             rate = tokens / self.step_cost(len(rows), w, sum(ks))
             if rate > best_rate:
                 best, best_rate = w, rate
-        self._probing = False
-        if best == 0:
-            self._steps_at_zero += 1
-            if self.probe_every and self._steps_at_zero >= self._probe_wait and any(cap > 0 for _, cap in rows):
-                self._steps_at_zero, self._probing, best = 0, True, 1
-        else:
-            self._steps_at_zero, self._probe_wait = 0, self.probe_every
+        if best:
             best = self._explore(best, max(cap for _, cap in rows))
-        return best
+        return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows))
 
     def _explore(self, width: int, widest: int) -> int:
         """After `explore_every` steps at the same width w > 0, one step at w - 1 or w + 1 (in turn, within the
@@ -84,18 +76,26 @@ class BatchDraftLength:
         if not self.explore_every or self._same_width_steps < self.explore_every:
             return width
         self._same_width_steps, self._explore_up = 0, not self._explore_up
-        wider = width + 1 if width < min(widest, self.max_draft_tokens) else width - 1
-        return wider if self._explore_up else width - 1
+        if self._explore_up and width < min(widest, self.max_draft_tokens):
+            return width + 1
+        return width - 1
 
     def observe(self, drafted: list[int], num_accepted: int, verify_seconds: float, step_seconds: float) -> None:
         """A step ended: drafted[r] tokens were proposed by row r (rows in the forward, in any order), num_accepted
         of all of them were accepted, its verify forward (padded to 1 + max drafted tokens per row, and the logits)
         took verify_seconds, the whole step step_seconds."""
-        if self._probing and any(drafted) and not num_accepted:  # a rejected probe doubles the wait for the next
-            self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
-        self._probing = False
+        self.probes.observed(sum(drafted), num_accepted)
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
         if decode_seconds > 0:
             self.overhead.observe(sum(drafted), max(0.0, step_seconds - verify_seconds) / decode_seconds)
+
+
+def straight(curve: VerifyCost) -> VerifyCost:
+    """The line through 1 at k = 0 and the curve's last measured point. A batch's forwards are all past the concave
+    start of one sequence's curve (B rows are B - 1 drafts' worth at w = 0), where a fit of a + b * (curve(k) - 1)
+    on a concave curve extended linearly would put the intercept `a` (the decode it rescales) below zero."""
+    last = len(curve.relative) - 1
+    slope = (curve.relative[last] - 1.0) / last if last else 0.0
+    return VerifyCost(tuple(1.0 + slope * k for k in range(last + 1)), curve.decode_seconds)

@@ -91,17 +91,13 @@ class AdaptiveDraftLength:
         self.prior_acceptance = prior_acceptance
         self.prior_weight = prior_weight
         self.decay = decay
-        self.probe_every = probe_every
         self.learn_step_cost = learn_step_cost
         self.verified_tokens = verified_tokens or (lambda k: k)  # k -> tokens one step verifies (a tree: its nodes)
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
         self.overhead = StepOverhead(decay, per_token=draft_cost)
-        self.max_probe_every = max(probe_every, max_probe_every)
-        self._probe_wait = probe_every  # steps at k=0 before the next probe (doubles after each rejected probe)
-        self._steps_at_zero = 0
-        self._probing = False  # the step just chosen is a probe
+        self.probes = ProbeSchedule(probe_every, max_probe_every)
 
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""
@@ -126,22 +122,12 @@ class AdaptiveDraftLength:
 
     def choose(self) -> int:
         k = max(range(self.max_draft_tokens + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
-        self._probing = False
-        if k == 0:
-            self._steps_at_zero += 1
-            if self.probe_every and self._steps_at_zero >= self._probe_wait:
-                self._steps_at_zero, self._probing, k = 0, True, 1
-        else:  # drafting on the evidence: should it stop paying, probing starts again at the shortest wait
-            self._steps_at_zero, self._probe_wait = 0, self.probe_every
-        return k
+        return self.probes.after(k)
 
     def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None) -> None:
         """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
         `seconds` (None: not timed, learn acceptance only)."""
-        if self._probing and num_drafted:  # a rejected probe doubles the wait for the next
-            self._probing = False
-            if not num_accepted:
-                self._probe_wait = min(2 * self._probe_wait, self.max_probe_every)
+        self.probes.observed(num_drafted, num_accepted)
         for i in range(min(num_drafted, num_accepted + 1, self.max_draft_tokens)):  # reached: accepted ones + 1st miss
             self.tried[i] = self.decay * self.tried[i] + 1.0
             self.accepted[i] = self.decay * self.accepted[i] + float(i < num_accepted)
@@ -150,6 +136,37 @@ class AdaptiveDraftLength:
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
             step = seconds / decode_seconds  # in one-token decodes
             self.overhead.observe(num_drafted, step - self.cost_curve(self.verified_tokens(num_drafted)))
+
+
+class ProbeSchedule:
+    """When to draft one token although drafting does not pay (a probe), so acceptance keeps being observed: after
+    `every` steps at k=0; each probe that drafted and was rejected doubles the wait (up to `max_every`), and drafting
+    on the evidence resets it. An accepted probe keeps the wait: it raises the acceptance estimates, and if they then
+    choose k > 0 that resets it."""
+
+    def __init__(self, every: int = 8, max_every: int = 64):
+        self.every, self.max_every = every, max(every, max_every)
+        self.wait = every  # steps at k=0 before the next probe
+        self.steps_at_zero = 0
+        self.probing = False  # the k just returned is a probe
+
+    def after(self, k: int, may_probe: bool = True) -> int:
+        """The k chosen on the evidence -> the k to draft: 1 when it is 0 and a probe is due (and `may_probe`)."""
+        self.probing = False
+        if k:
+            self.steps_at_zero, self.wait = 0, self.every
+            return k
+        self.steps_at_zero += 1
+        if self.every and may_probe and self.steps_at_zero >= self.wait:
+            self.steps_at_zero, self.probing = 0, True
+            return 1
+        return 0
+
+    def observed(self, num_drafted: int, num_accepted: int) -> None:
+        """The step's outcome: a probe that drafted and had nothing accepted doubles the wait."""
+        if self.probing and num_drafted and not num_accepted:
+            self.wait = min(2 * self.wait, self.max_every)
+        self.probing = False
 
 
 class StepOverhead:

@@ -68,11 +68,11 @@ class SelfSpecModel:
     tree_size: verify a tree of up to this many draft tokens per step instead of a chain (Medusa and EAGLE drafters
     build trees; others keep proposing chains); None or 0: chains; "auto": a node budget from this device's prior
     verify cost (`resolve_tree_size`). Needs a model whose attention takes a custom 4D mask (checked here) and
-    cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: stats, the "auto"
-    policy and the verify-cost curve see a tree step as N drafted tokens (the nodes verified) of which the accepted
-    path's length was accepted, so "auto" learns per-depth acceptance and the real cost of verifying N, and it prices
-    a tree k levels deep as the most nodes such a tree holds (the drafter's `max_tree_nodes`), so on a CPU a tree
-    must earn its nodes.
+    cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: the stats and the
+    verify-cost curve see a tree step as N drafted tokens (the nodes verified), the "auto" policy as a draft as deep
+    as the tree, each with the accepted path's length accepted, so "auto" learns per-depth acceptance and the curve
+    the real cost of verifying N; "auto" prices a tree k levels deep as the most nodes such a
+    tree holds (the drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
@@ -110,10 +110,11 @@ class SelfSpecModel:
     def verify_cost(self) -> LearnedVerifyCost:
         """This model's cost curve of verifying k drafts (in one-token decodes) on its device, as "auto" plans with
         it: the curve a previous process kept in the cache directory (verify_cost.cache_dir()), else a cautious
-        prior, refined from every timed verify forward and kept again after each generation. Never measured
-        up front, so the first call pays no measuring pause."""
+        prior, refined from every timed verify forward and kept again after each generation (a tree wrapper keeps
+        its own: a tree's masked forward costs more). Never measured up front, so the first call pays no measuring
+        pause."""
         if self._verify_cost is None:
-            self._verify_cost = learned_verify_cost(self.target)
+            self._verify_cost = learned_verify_cost(self.target, tree=bool(self.tree_size))
         return self._verify_cost
 
     def generate(
@@ -197,15 +198,7 @@ class SelfSpecModel:
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
-        pricing = {"draft_cost": getattr(self.drafter, "draft_cost", 0.0)}  # a drafter's estimate, decodes per token
-        if self.tree_size and hasattr(self.drafter, "max_tree_nodes"):  # a tree k deep verifies up to its node budget
-            pricing["verified_tokens"] = lambda depth: self.drafter.max_tree_nodes(depth, self.tree_size)
-        if options.reproducible:  # plan from acceptance and the prior curve only: the same k on every run
-            policy = draft_length_policy(
-                options.num_draft_tokens, lambda: prior_verify_cost(self.target.device), learn_step_cost=False, **pricing
-            )
-        else:
-            policy = draft_length_policy(options.num_draft_tokens, self.verify_cost, **pricing)
+        policy = self._draft_length_policy(options)
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
@@ -216,6 +209,18 @@ class SelfSpecModel:
         recorder = StatsRecorder(drafter_parameter_bytes(self.drafter), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
         return prompt, pieces, recorder.stats
+
+    def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
+        """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from
+        acceptance and the prior curve only, so a seed gives the same k, hence the same tokens, on every run."""
+        pricing = {"draft_cost": getattr(self.drafter, "draft_cost", 0.0)}  # a drafter's estimate, decodes per token
+        if self.tree_size and hasattr(self.drafter, "max_tree_nodes"):  # a tree k deep verifies up to its node budget
+            pricing["verified_tokens"] = lambda depth: self.drafter.max_tree_nodes(depth, self.tree_size)
+        if options.reproducible:
+            prior = lambda: prior_verify_cost(self.target.device)  # noqa: E731
+            return draft_length_policy(options.num_draft_tokens, prior, learn_step_cost=False, **pricing)
+        return draft_length_policy(options.num_draft_tokens, self.verify_cost, learn_step_cost=learn_step_cost,
+                                   **pricing)
 
     @torch.inference_mode()
     def _decode(self, prompt, sampling, policy, generator, stop: StopCondition, recorder: StatsRecorder):

@@ -43,7 +43,8 @@ class TargetModel:
         self.num_layers = config.get_text_config(decoder=True).num_hidden_layers
         self._parts = None
         self._rows_for, self._rows = None, None  # the LM head restricted to a draft vocabulary (see logits)
-        checked = (type(model), self._softcap, self._scale, self._divide, self.lm_head.weight.dtype, self.device)
+        checked = (type(model), id(self.decoder), id(self.lm_head), self._softcap, self._scale, self._divide,
+                   self.lm_head.weight.dtype, self.device)
         if _LOGITS_CHECKED.get(model) != checked:
             self._check_logits()
             _LOGITS_CHECKED[model] = checked

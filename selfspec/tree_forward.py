@@ -52,8 +52,9 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
 # A probe with siblings at two depths, a deeper branch and a leaf next to it: rows 0..6.
 _PROBE_PARENTS = [-1, -1, 0, 0, 2, 1]
 _PROBE_PROMPT = 3
-# model -> the attention implementation and dtype its probe passed with; a model wrapped again is not probed again.
-_SUPPORTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# model -> what its probe passed with (attention implementation, sliding window, decoder, dtype, device); a model
+# wrapped again is not probed again. Keys hold the model weakly; the values hold no tensors.
+_TREE_PROBE_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 @torch.no_grad()
@@ -65,11 +66,12 @@ def check_tree_support(target: TargetModel) -> None:
     """
     name = type(target.model).__name__
     attn = getattr(target.model.config, "_attn_implementation", None)
-    checked = (attn, target.lm_head.weight.dtype, target.device)
-    if _SUPPORTED.get(target.model) == checked:
+    sliding = getattr(target.model.config, "sliding_window", None)
+    checked = (attn, sliding, id(target.decoder), target.lm_head.weight.dtype, target.device)
+    if _TREE_PROBE_PASSED.get(target.model) == checked:
         return
     _probe_tree_forward(target, name, attn)
-    _SUPPORTED[target.model] = checked
+    _TREE_PROBE_PASSED[target.model] = checked
 
 
 def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:

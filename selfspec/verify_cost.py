@@ -110,9 +110,10 @@ class LearnedVerifyCost:
         _write_json(self.path, {"relative": list(self.relative), "decode_seconds": self.decode_seconds})
 
 
-def learned_verify_cost(target) -> LearnedVerifyCost:
-    """This model's curve on this device: the one a previous process kept, else the prior; refined from here on."""
-    path = cache_dir() / "verify_cost" / f"{cost_key(target)}.json"
+def learned_verify_cost(target, tree: bool = False) -> LearnedVerifyCost:
+    """This model's curve on this device: the one a previous process kept, else the prior; refined from here on.
+    tree: the curve of tree verify forwards (a custom 4D mask, a slower attention path), kept apart from chains'."""
+    path = cache_dir() / "verify_cost" / f"{cost_key(target, tree)}.json"
     start = _read_curve(path) or prior_verify_cost(target.device)
     return LearnedVerifyCost(start, path)
 
@@ -124,8 +125,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec"
 
 
-def cost_key(target) -> str:
-    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads."""
+def cost_key(target, tree: bool = False) -> str:
+    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads, and
+    whether the forwards verify trees."""
     model, device = target.model, target.device
     weight = target.lm_head.weight
     described = {
@@ -138,6 +140,8 @@ def cost_key(target) -> str:
         "dtype": str(weight.dtype),
         "threads": torch.get_num_threads(),
     }
+    if tree:  # (chains keep the key they always had, so curves kept by earlier versions stay valid)
+        described["tree"] = True
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
 
 

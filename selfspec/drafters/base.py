@@ -79,8 +79,10 @@ class Draft:
 @runtime_checkable
 class Drafter(Protocol):
     """What the decode loop asks of a drafter. Optional attributes it reads when present: `extra_modules` (the
-    modules it adds to the model, for the stats' memory figure) and `draft_cost` (what drafting one token costs, in
-    one-token decodes of the target: where the "auto" draft length starts before timings teach it; default 0)."""
+    modules it adds to the model, for the stats' memory figure), `draft_cost` (what drafting one token costs, in
+    one-token decodes of the target: where the "auto" draft length starts before timings teach it; default 0) and,
+    for tree drafters, `max_tree_nodes(depth, tree_size)` (the most nodes a tree that deep holds: how "auto" prices
+    a tree step; default: depth)."""
 
     def propose(self, context: DraftContext) -> Draft:
         """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids`."""

@@ -63,7 +63,7 @@ def test_gpt2_and_auto_draft_length(monkeypatch):
     spec = engine("gpt2", "ngram")
     scripted_batch_clock(spec, monkeypatch, lambda num_tokens: 0.01 * (1 + 0.001 * num_tokens))
     prompts = prompts_of_different_lengths()
-    out = spec.generate(prompts, max_new_tokens=25, eos_token_id=[])  # num_draft_tokens="auto": a policy per row
+    out = spec.generate(prompts, max_new_tokens=25, eos_token_id=[])  # num_draft_tokens="auto": the batch's width
     for prompt, got in zip(prompts, out.sequences):
         assert torch.equal(got, alone(spec, prompt, max_new_tokens=25, num_draft_tokens=3, eos_token_id=[]))
     assert_exercised(out.row_stats, what="gpt2 auto")

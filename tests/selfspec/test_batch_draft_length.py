@@ -13,7 +13,7 @@ from selfspec import SelfSpecModel
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.draft_length import AdaptiveDraftLength
 from selfspec.sampling import SamplingConfig
-from selfspec.verify_cost import LearnedVerifyCost, VerifyCost
+from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, prior_verify_cost
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences
@@ -104,23 +104,29 @@ def test_learns_the_forward_cost_of_all_the_batchs_tokens():
     assert planner.choose(rows) < before
 
 
+@pytest.mark.parametrize("start", ["tail", "prior"])
 @pytest.mark.parametrize("explore_every", [8, 0])
-def test_explores_neighbouring_widths_to_learn_a_cost_shaped_unlike_the_start(explore_every):
+def test_explores_neighbouring_widths_to_learn_a_cost_shaped_unlike_the_start(explore_every, start):
     """The start curve says a token of the block costs 0.03 of a decode (SmolLM2's single-sequence tail); the device
     charges 0.2 (a batched forward is shaped otherwise). Timings of one width cannot tell a costlier forward from
     costlier tokens; a step at a neighbouring width every 8 steps can, and the width falls to the true optimum, 0
     (8 rows accepting half their drafts: w = 0 gives 8 tokens for 2.4 decodes, w = 1 12 for 4, w = 2 14 for 5.6),
     probing now and then. Without exploring (explore_every=0) it stays at the start's choice: the case exists to
-    show that. Catches (planted): exploration never triggered."""
-    tail = VerifyCost(tuple(1 + 0.03 * k for k in range(9)))
-    planner = BatchDraftLength(tail, explore_every=explore_every)
-    rows = [row(0.5) for _ in range(8)]
+    show that. The same from this CPU's concave prior (1 + 0.4 sqrt(k)). Catches (planted): exploration never
+    triggered; the concave prior used as the start unstraightened (its fit's intercept goes below zero and the
+    curve stops learning: widths stay > 0)."""
+    if start == "tail":
+        curve, rate, per_token = VerifyCost(tuple(1 + 0.03 * k for k in range(9))), 0.5, 0.2
+    else:  # the prior is steeper: better drafts and a costlier device make the same case
+        curve, rate, per_token = prior_verify_cost(torch.device("cpu")), 0.7, 0.4
+    planner = BatchDraftLength(curve, explore_every=explore_every)
+    rows = [row(rate) for _ in range(8)]
     g = torch.Generator().manual_seed(0)
     widths = []
     for _ in range(200):
         w = planner.choose(rows)
-        accepted = sum(int(torch.rand(w, generator=g).lt(0.5).cumprod(0).sum()) if w else 0 for _ in rows)
-        seconds = 0.01 * (1 + 0.2 * (8 * (1 + w) - 1))
+        accepted = sum(int(torch.rand(w, generator=g).lt(rate).cumprod(0).sum()) if w else 0 for _ in rows)
+        seconds = 0.01 * (1 + per_token * (8 * (1 + w) - 1))
         planner.observe([w] * 8, accepted, seconds, seconds)
         widths.append(w)
     assert widths[0] >= 1
@@ -226,6 +232,7 @@ def test_unseeded_sampled_rows_under_the_batch_width_follow_the_model_law(monkey
         model.lm_head.weight.mul_(6.0)
     spec = SelfSpecModel(model, drafter="ngram")
     monkeypatch.setattr(spec, "verify_cost", lambda: LearnedVerifyCost(VerifyCost((1.0,) * 9)))
+    scripted_batch_clock(spec, monkeypatch, lambda num_tokens: 0.01)  # widths follow no real clock: same draws each run
     recorded = _Recorded(monkeypatch)
     prompt = torch.tensor([3, 1, 2, 3, 1, 2])
     torch.manual_seed(0)

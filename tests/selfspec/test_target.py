@@ -23,8 +23,13 @@ def test_logits_check_runs_once_per_model():
     SelfSpecModel(model, "ngram")
     SelfSpecModel(model, "none")
     assert len(calls) == 2
-    TargetModel(tiny_model("llama", seed=1))  # another model object is probed on its own
-    assert len(calls) == 2
+    other = tiny_model("llama", seed=1)  # another model object is probed on its own
+    other_calls = count_forwards(other)
+    TargetModel(other)
+    assert len(calls) == 2 and len(other_calls) == 2
+    model.lm_head = torch.nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False).double()
+    TargetModel(model)  # a replaced LM head is checked again
+    assert len(calls) == 4
 
 
 def test_a_changed_final_transform_is_checked_again():

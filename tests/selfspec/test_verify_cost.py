@@ -78,6 +78,7 @@ def test_the_key_names_dtype_and_threads():
     finally:
         torch.set_num_threads(threads)
     assert key == cost_key(TargetModel(tiny_model("llama", seed=9)))  # the weights' values do not matter
+    assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), tree=True)  # trees kept apart
 
 
 @pytest.mark.parametrize("content", ["not json", '{"relative": [2.0, 1.0], "decode_seconds": 1}', '{"x": 1}'])
