@@ -162,6 +162,33 @@ def test_stream_gives_each_rows_tokens_and_text():
     assert stream.stats.new_tokens == 80 and len(stream.row_stats) == 4
 
 
+def test_a_list_of_one_prompt_decodes_as_one_sequence(monkeypatch):
+    """No ragged cache for a batch of one: the single-sequence loop, the same tokens (greedy, and sampled with the
+    seed row 0 would get), its stats as the row's and the total. Catches (planted): the shortcut removed (the spy
+    sees a RaggedCache); row 0 given seed + 1."""
+    import selfspec.batch
+
+    made = []
+    real = selfspec.batch.RaggedCache
+    monkeypatch.setattr(selfspec.batch, "RaggedCache", lambda *a, **kw: made.append(1) or real(*a, **kw))
+    spec = engine("llama", "ngram")
+    greedy = dict(max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+    stats = []
+    for prompt in prompts_of_different_lengths():
+        out = spec.generate([prompt], **greedy)
+        assert torch.equal(out.sequences[0], alone(spec, prompt, **greedy))
+        assert out.row_stats[0] is out.stats and out.stats.new_tokens == 20
+        stats += out.row_stats
+    assert_exercised(stats, what="batches of one")
+    sampled = dict(do_sample=True, temperature=0.8, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+    out = spec.generate([prompt], seed=5, **sampled)
+    assert torch.equal(out.sequences[0], alone(spec, prompt, seed=5, **sampled))
+    pieces = list(spec.stream([prompt], **greedy))
+    assert {piece.row for piece in pieces} == {0} and sum(len(piece.token_ids) for piece in pieces) == 20
+    assert not made
+    assert len(spec.generate([prompt, prompt], **greedy).sequences) == 2 and made  # two prompts: the batched loop
+
+
 def test_what_counts_as_several_prompts():
     assert is_prompt_batch(["a", "b"]) and is_prompt_batch([[3, 4], [5]]) and is_prompt_batch((torch.tensor([3]),))
     assert is_prompt_batch([[{"role": "user", "content": "hi"}], [{"role": "user", "content": "yo"}]])
