@@ -19,9 +19,10 @@ therefore token-identical to decoding alone, sampled rows with a seed per row (s
 
 A list of one prompt decodes as one sequence (the engine's own loop: no ragged cache, nothing refused).
 
-Not supported (for two prompts or more): early exit (its layer-by-layer forward builds one sequence's masks), drafts that share work
-(`Draft.prefilled_layers`), tree drafts, cache layers other than full attention (sliding windows), `transformers`
-streamers (use `stream`), and a draft-length policy object (it cannot serve several rows; pass an int or "auto").
+Not supported for two prompts or more: early exit (its layer-by-layer forward builds one sequence's masks), drafts
+that share work (`Draft.prefilled_layers`), tree drafts, cache layers other than full attention (sliding windows),
+`transformers` streamers (use `stream`), and a draft-length policy object (it cannot serve several rows; pass an int
+or "auto").
 """
 from __future__ import annotations
 
