@@ -71,8 +71,8 @@ class SelfSpecModel:
     cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: the stats and the
     verify-cost curve see a tree step as N drafted tokens (the nodes verified), the "auto" policy as a draft as deep
     as the tree, each with the accepted path's length accepted, so "auto" learns per-depth acceptance and the curve
-    the real cost of verifying N; "auto" prices a tree k levels deep as the most nodes such a
-    tree holds (the drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes.
+    the real cost of verifying N; "auto" prices a tree k levels deep as the most nodes such a tree holds (the
+    drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 

@@ -13,8 +13,9 @@ import torch
 from selfspec.cache import KVCache
 from selfspec.model_parts import ModelParts
 
-# model -> what its logits check passed with (final transforms, dtype, device): a model wrapped again (a wrapper per
-# call, as the command line builds one) is not probed again; it was ~4 decodes of SmolLM2 per wrap.
+# model -> what its logits check passed with (its class, decoder and LM head, final transforms, dtype, device): a model
+# wrapped again (a wrapper per call, as the command line builds one) is not probed again; it was ~4 decodes of
+# SmolLM2 per wrap.
 _LOGITS_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
