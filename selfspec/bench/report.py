@@ -79,7 +79,8 @@ def useless_table(records: list[dict]) -> list[str]:
     if not records:
         return []
     lines = ["", f"### useless drafts, default settings: speed relative to plain generate and to selfspec with "
-                 f"speculation off, same prompts and rounds (target: every row >= {TARGET_USELESS}x)", "",
+                 f"speculation off, same prompts and rounds; every run decodes exactly max_new_tokens (no EOS stop: "
+                 f"equal work) (target: every row >= {TARGET_USELESS}x)", "",
              "| case | mode | method | vs generate | vs speculation off | tokens/forward | acceptance | target |",
              "|---|---|---|---|---|---|---|---|"]
     for r in records:

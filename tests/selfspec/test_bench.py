@@ -300,3 +300,35 @@ def test_skip_leaves_out_named_rows_but_never_the_baselines():
     assert any("left out with --skip" in note and "ngram" in note for note in notes)
     all_names = [m.name for m in main_methods(parse_args([]), loaded, [])[0]]
     assert len(all_names) == len(names) + 2
+
+
+def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeypatch):
+    """Sampled methods draw different tokens, so with an EOS stop their runs end at different lengths and a short
+    run's tokens/s carries more prefill: the useless-drafts check compares equal work. Here EOS is the token the
+    model emits first, so any method that stopped at it would return 1 token. Catches (planted): the baselines or
+    the cases built with the tokenizer's EOS."""
+    from selfspec.bench.models import Loaded
+    from selfspec.bench import run as bench_run
+    from selfspec.bench.run import useless_drafts
+    from selfspec.bench.schedule import Deadline, run_schedule
+    from selfspec.bench.settings import BenchSettings
+
+    model, n = tiny_text_model(seed=0, dtype=torch.float64), 5
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    first = int(model.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1])
+    loaded = Loaded(model, tiny_tokenizer(), None, None, None, None, 1, 1, None, first)
+    settings = BenchSettings(max_new_tokens=n, useless_prompts=1, repeats=1, seed=0)
+    entries = []
+
+    def recorded(*args, **kwargs):
+        finished, stopped = run_schedule(*args, **kwargs)
+        entries.extend(finished)
+        return finished, stopped
+
+    monkeypatch.setattr(bench_run, "run_schedule", recorded)
+    records, stopped = useless_drafts(settings, loaded, [prompt], Deadline(None), [])
+    assert not stopped and {r["case"] for r in records} >= {"random drafts", "fresh SelfSpecModel per call"}
+    assert {e.method.name for e in entries} >= {"generate", "selfspec speculation off"}
+    for e in entries:  # the baselines' runs as well as the cases'
+        assert e.run.new_tokens == n, (e.method.name, e.mode.name)
+    assert all(r["speedup"] > 0 and r["vs_speculation_off"] > 0 for r in records)
