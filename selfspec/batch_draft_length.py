@@ -34,6 +34,11 @@ class BatchDraftLength:
     one sequence's (measured on SmolLM2 at batch 8: each row's attention over its own cache makes the base cost far
     higher, so extra tokens cost relatively less): so after `explore_every` steps at the same width w > 0, one step
     runs at a neighbouring width (w - 1 and w + 1 in turn), a small price for a fit that can tell them apart.
+
+    The fit is trusted one width past the widest it has timed, no further: a line fitted to a few narrow steps
+    extrapolates badly (measured on the reference model at batch 8: after 6 steps at w <= 2 it priced w = 8 so low
+    that 16 steps ran at w = 8, 0.63x of w = 0), so the width grows one step at a time and each width is timed
+    before the next is priced.
     """
 
     def __init__(self, start: VerifyCost, max_draft_tokens: int = 8, probe_every: int = 8, max_probe_every: int = 64,
@@ -47,6 +52,7 @@ class BatchDraftLength:
         self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.explore_every = explore_every
         self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
+        self.widest_timed = 0  # the widest block (drafts per row) a timed step has verified
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""
@@ -57,7 +63,7 @@ class BatchDraftLength:
         """rows: (the row's acceptance estimates, the most drafts it may take this step) -> the width w; the
         returned w never exceeds the largest cap (it is the padded block's draft part when the drafters deliver)."""
         best, best_rate = 0, 0.0
-        for w in range(self.max_draft_tokens + 1):
+        for w in range(min(self.max_draft_tokens, self.widest_timed + 1) + 1):
             ks = [max(0, min(w, cap)) for _, cap in rows]  # what each row drafts at this width
             if w and max(ks) < w:  # capped: wider asks the same of every row
                 break
@@ -86,6 +92,7 @@ class BatchDraftLength:
         of all of them were accepted, its verify forward (padded to 1 + max drafted tokens per row, and the logits)
         took verify_seconds, the whole step step_seconds."""
         self.probes.observed(sum(drafted), num_accepted)
+        self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
