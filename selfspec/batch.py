@@ -4,7 +4,9 @@ One target forward per step serves every unfinished row. Each row keeps its own 
 one `RaggedCache`), pending token, draft length, drafter state, random generator and stop conditions; per row the
 step is the single-sequence step of `engine.py` (propose, verify, accept, keep pending + accepted, feed back), with
 the same verifier, `draw`, stop conditions, draft-length policies and stats recorder. A row that finishes leaves
-the batch (its cache rows are dropped), so it costs no more compute.
+the batch (its cache rows are dropped), so it costs no more compute. EAGLE drafts every row at once
+(`drafters/eagle_batch.py`: one head forward per draft position, the head's own ragged cache following the batch's
+rows); other drafters propose row by row.
 
 How many tokens each row drafts: with num_draft_tokens="auto" and no seed, one width for the whole batch
 (`BatchDraftLength`: each row's acceptance, the padded forward's cost learned from the batch's timings), which changes
@@ -34,8 +36,9 @@ import torch
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
-from selfspec.drafters import drafter_parameter_bytes, make_drafter
+from selfspec.drafters import drafter_parameter_bytes
 from selfspec.drafters.base import Draft, DraftContext
+from selfspec.drafters.eagle_batch import BatchEagleDrafter
 from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
@@ -97,7 +100,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     prompts = [spec._prompt_ids(p) for p in prompts_in]
     for prompt in prompts:
         check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
-    drafters = _row_drafters(spec.drafter, target, len(prompts))
+    drafters, batch_drafter = _row_drafters(spec.drafter, target, len(prompts))
     generators = _row_generators(options, len(prompts), target.device)
     clock = _StepClock(spec.clock)
     eos_ids = spec._eos_ids(options.eos_token_id)
@@ -113,7 +116,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
             _row_policy(spec, options), drafter, generator, StatsRecorder(drafter_parameter_bytes(drafter), clock),
         ))
     total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter))
-    pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options))
+    pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
     return prompts, pieces, [row.recorder.stats for row in rows], total
 
 
@@ -148,17 +151,17 @@ def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
 
 @torch.inference_mode()
 def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats,
-                  planner: BatchDraftLength | None):
-    """Prefill every row, then steps of propose (per row) -> one verify forward -> verify (per row) -> commit -> feed
-    back, until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row
-    that committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width
-    (None: each row's policy)."""
+                  planner: BatchDraftLength | None, batch_drafter: BatchEagleDrafter | None):
+    """Prefill every row, then steps of propose -> one verify forward -> verify (per row) -> commit -> feed back,
+    until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row that
+    committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width (None:
+    each row's policy). batch_drafter: proposes for all rows at once (None: each row's drafter proposes)."""
     all_rows, cache = rows, RaggedCache(target.model, len(rows), target.device)
     started = clock.tick()
     for row in rows:
         row.recorder.start()
     emitted = _prefill(target, cache, rows, sampling)
-    rows = _drop_finished(rows, cache)
+    rows = _drop_finished(rows, cache, batch_drafter)
     prefill_seconds, decode_seconds, forwards, peak = clock.tick() - started, 0.0, 1, cache.nbytes()
     for row in all_rows:
         row.recorder.prefilled(row.stop.num_emitted, peak // len(all_rows))
@@ -168,8 +171,8 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         for row in rows:
             row.recorder.start()
         stepped = rows
-        drafts, verdicts, emitted, verify_seconds = _step(target, cache, rows, sampling, clock, planner)
-        rows = _drop_finished(rows, cache)
+        drafts, verdicts, emitted, verify_seconds = _step(target, cache, rows, sampling, clock, planner, batch_drafter)
+        rows = _drop_finished(rows, cache, batch_drafter)
         step_seconds = clock.tick() - started
         decode_seconds += step_seconds
         if planner is not None:
@@ -203,12 +206,12 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
 
 
 def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock,
-          planner: BatchDraftLength | None):
+          planner: BatchDraftLength | None, batch_drafter: BatchEagleDrafter | None):
     """One decode step for every row: each row's draft, one forward over the padded blocks [pending, *drafts], each
     row's verdict, its kept entries committed. Returns (drafts, verdicts, emitted, the verify forward's seconds)."""
     for row in rows:
         row.buffer[row.num_tokens], row.num_tokens = row.next_token, row.num_tokens + 1  # pending: not in the cache
-    drafts = [_propose(row, k, sampling, target) for row, k in zip(rows, _draft_lengths(rows, planner))]
+    drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, batch_drafter)
     blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]
     verify_started = clock.tick()
     hidden_all = _forward_block(target, cache, _pad(blocks))  # [B, 1 + max k_r, hidden]
@@ -240,16 +243,29 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
     return [min(width, row.stop.remaining - 1) for row in rows]
 
 
-def _propose(row: _Row, k: int, sampling: SamplingConfig, target) -> Draft:
-    """The row's draft of up to k tokens."""
-    if k <= 0:  # not asked: the unseen states wait for its next proposal
-        return Draft.empty(row.buffer.device)
+def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,
+             batch_drafter: BatchEagleDrafter | None) -> list[Draft]:
+    """Each row's draft of up to k_r tokens: all rows in one batched proposal (a row asked for none catches up on its
+    states all the same), else each row's own drafter's (a row asked for none is not asked: its states wait)."""
+    if batch_drafter is not None:
+        return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
+    return [_propose_alone(row, k, sampling, target) for row, k in zip(rows, ks)]
+
+
+def _context(row: _Row, k: int, sampling: SamplingConfig, target) -> DraftContext:
+    """The row's draft context; it hands over every state the row's drafter has not seen."""
     hidden_states = torch.cat(row.unseen) if len(row.unseen) > 1 else row.unseen[0]  # [num_new, hidden]
     row.unseen = []
-    token_ids = row.buffer[: row.num_tokens]
     # No cache view: the rows share one cache, which no supported drafter reads (early exit, which does, is refused).
-    context = DraftContext(token_ids, hidden_states[-1], hidden_states, k, sampling, row.generator, target, None)
-    draft = row.drafter.propose(context)
+    return DraftContext(row.buffer[: row.num_tokens], hidden_states[-1], hidden_states, k, sampling, row.generator,
+                        target, None)
+
+
+def _propose_alone(row: _Row, k: int, sampling: SamplingConfig, target) -> Draft:
+    """The row's own drafter's draft of up to k tokens."""
+    if k <= 0:  # not asked: the unseen states wait for its next proposal
+        return Draft.empty(row.buffer.device)
+    draft = row.drafter.propose(_context(row, k, sampling, target))
     if draft.prefilled_layers or getattr(draft, "parents", None) is not None:  # (parents: tree drafts, if known)
         raise NotImplementedError(
             "a batch verifies chains of draft tokens only: drafts that ran part of the model (prefilled_layers) or "
@@ -275,11 +291,14 @@ def _pad(sequences: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([torch.cat([s, s[:1].expand(width - s.shape[0])]) for s in sequences])
 
 
-def _drop_finished(rows: list[_Row], cache: RaggedCache) -> list[_Row]:
-    """The rows still decoding; finished ones leave the cache so they cost no more compute."""
+def _drop_finished(rows: list[_Row], cache: RaggedCache, batch_drafter: BatchEagleDrafter | None) -> list[_Row]:
+    """The rows still decoding; finished ones leave the cache (and the batched drafter's) so they cost no more
+    compute."""
     alive = [r for r, row in enumerate(rows) if not row.stop.done]
     if len(alive) < len(rows):
         cache.select(torch.tensor(alive, dtype=torch.long))
+        if batch_drafter is not None:
+            batch_drafter.select(torch.tensor(alive, dtype=torch.long))
     return [rows[r] for r in alive]
 
 
@@ -311,15 +330,17 @@ def _check_batch_support(spec, options) -> None:
         raise NotImplementedError(f"several prompts at once need it too: {err}") from err
 
 
-def _row_drafters(drafter, target, num_rows: int) -> list:
-    """One drafter per row. EAGLE keeps a per-sequence cache, so each row gets its own (sharing the one head module);
-    n-gram, Medusa, "none" and a user's drafter object keep nothing between proposals and serve every row."""
+def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchEagleDrafter | None]:
+    """Each row's drafter, and the one that proposes for all rows at once (None: each row's proposes alone). EAGLE
+    keeps per-sequence state (its head's cache), so its rows share one `BatchEagleDrafter` (one ragged head cache, one
+    head forward per draft position for all rows; also each row's drafter for observe and the stats); n-gram,
+    Medusa, "none" and a user's drafter object keep nothing between proposals and serve every row, one at a time."""
     from selfspec.drafters.eagle import EagleDrafter
 
     if isinstance(drafter, EagleDrafter):
-        options = {"min_draft_confidence": drafter.min_draft_confidence}
-        return [make_drafter("eagle", target, drafter.head, options) for _ in range(num_rows)]
-    return [drafter] * num_rows
+        batch_drafter = BatchEagleDrafter(target, drafter.head, num_rows, drafter.min_draft_confidence)
+        return [batch_drafter] * num_rows, batch_drafter
+    return [drafter] * num_rows, None
 
 
 def _row_generators(options, num_rows: int, device) -> list:

@@ -7,7 +7,8 @@ hold stale entries that its queries never see. A forward appends a block of n co
 entries 0..i, nothing else, and `block_positions` puts it at position lengths[r] + i, so each row computes exactly
 what it would alone. `commit` then moves each row's kept block entries (the first kept[r]) down to
 [lengths[r], lengths[r] + kept[r]) and crops the cache to the new widest row: rejected drafts and stale tails never
-grow memory. `select` drops finished rows. Knows nothing about drafts, sampling or the model's outputs.
+grow memory. `rollback` cuts rows back to shorter lengths (a drafter that committed entries on its own guesses);
+`select` drops finished rows. Knows nothing about drafts, sampling or the model's outputs.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from transformers.cache_utils import DynamicLayer
 
 
 class RaggedCache:
-    def __init__(self, model, batch_size: int, device):
-        self.hf_cache = DynamicCache(config=model.config)
+    def __init__(self, model, batch_size: int, device, config=None):
+        """The cache of `model` (its config), or of `config` when given (a drafting head's layer config; `model` then
+        only names the owner in errors)."""
+        self.hf_cache = DynamicCache(config=model.config if config is None else config)
         kinds = sorted({type(layer).__name__ for layer in self.hf_cache.layers if type(layer) is not DynamicLayer})
         if kinds:
             raise NotImplementedError(
@@ -66,6 +69,15 @@ class RaggedCache:
             layer.values[rows, :, target] = layer.values[rows, :, source]
         self.lengths = new_lengths
         self._crop(int(new_lengths.max()) if self.batch_size else 0)
+
+    def rollback(self, lengths: torch.Tensor) -> None:
+        """Cut each row back to its first lengths[r] committed entries ([B] long, none longer than now) and crop to
+        the widest row."""
+        lengths = lengths.to(self.lengths.device)
+        if bool((lengths > self.lengths).any()):
+            raise ValueError(f"cannot roll rows of {self.lengths.tolist()} entries forward to {lengths.tolist()}")
+        self.lengths = lengths
+        self._crop(int(lengths.max()) if self.batch_size else 0)
 
     def select(self, rows: torch.Tensor) -> None:
         """Keep only these rows ([R] long indices, in the order given), cropped to the widest of them."""

@@ -101,3 +101,29 @@ def test_sliding_window_families_are_refused():
     model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers
     with pytest.raises(NotImplementedError, match="full-attention"):
         RaggedCache(model, 2, "cpu")
+
+
+def test_rollback_cuts_rows_back_to_shorter_lengths():
+    """Entries committed on guesses (a drafter's) are cut: each row back to its own length, cropped to the widest;
+    rolling a row forward is refused."""
+    target = TargetModel(tiny_model("llama"))
+    prompts = [random_prompt(n, seed=n)[0] for n in (5, 11, 7)]
+    cache = RaggedCache(target.model, 3, target.device)
+    _forward_block(target, cache, _pad(prompts))
+    cache.commit(torch.tensor([5, 11, 7]))
+    _forward_block(target, cache, torch.full((3, 3), 9))
+    cache.commit(torch.tensor([3, 1, 2]))
+    cache.rollback(torch.tensor([5, 10, 7]))
+    assert cache.width == 10 and all(layer.keys.shape[2] == 10 for layer in cache.hf_cache.layers)
+    assert_rows_equal_alone(target, cache, [prompts[0], prompts[1][:10], prompts[2]])
+    with pytest.raises(ValueError, match="forward"):
+        cache.rollback(torch.tensor([6, 10, 7]))
+
+
+def test_a_config_builds_the_cache_of_another_module():
+    from heads.eagle import EagleHead
+
+    model = tiny_model("llama", num_layers=2)
+    head = EagleHead.for_model(model)
+    cache = RaggedCache(head, 2, "cpu", config=head.layer_config)
+    assert len(cache.hf_cache.layers) == head.config.num_layers == 1
