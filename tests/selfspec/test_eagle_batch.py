@@ -201,3 +201,36 @@ def test_a_row_stopping_early_leaves_the_batched_drafter_too(model_and_head):
     for prompt, got in zip(prompts, out.sequences):
         assert torch.equal(got, spec.generate(prompt, **options).sequences[0])
     assert_exercised(out.row_stats, what="batched eagle, a row leaving")
+
+
+def test_a_step_where_no_row_drafts_runs_no_head_forward(model_and_head, monkeypatch):
+    """Every third step no row drafts (as under the batch width at w = 0): the head is not run then, the rows' states
+    wait, and the next proposal catches up on all of them at once; every row still equals its prompt alone. Catches
+    (planted): the batched drafter asked on steps where no row drafts (one head forward per such step)."""
+    import selfspec.batch
+
+    model, head = model_and_head
+    spec = SelfSpecModel(model, heads=head)
+    prompts = prompts_of_different_lengths()
+    steps, draft_lengths = [], selfspec.batch._draft_lengths
+
+    def every_third_step_none(rows, planner):
+        steps.append(len(steps) % 3 != 2)
+        return draft_lengths(rows, planner) if steps[-1] else [0] * len(rows)
+
+    forwards, forward = [], EagleHead.forward
+
+    def counted(self, features, *args, **kwargs):
+        forwards.append(len(steps))
+        return forward(self, features, *args, **kwargs)
+
+    monkeypatch.setattr(selfspec.batch, "_draft_lengths", every_third_step_none)
+    monkeypatch.setattr(EagleHead, "forward", counted)
+    options = dict(max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
+    out = spec.generate(prompts, **options)
+    monkeypatch.undo()
+    assert not steps[2] and sum(not drafting for drafting in steps) >= 3
+    assert not {step for step, drafting in enumerate(steps, 1) if not drafting} & set(forwards)
+    assert_exercised(out.row_stats, what="batched eagle with steps at zero")
+    for prompt, got in zip(prompts, out.sequences):
+        assert torch.equal(got, spec.generate(prompt, **options).sequences[0])
