@@ -194,10 +194,13 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
     lengths = [row.prompt.shape[0] for row in rows]
     hidden = _forward_block(target, cache, _pad([row.prompt for row in rows]))  # [B, T_max, hidden]
     cache.commit(torch.tensor(lengths))
+    # Every row's last position through the LM head at once (one read of its weights, not one per row).
+    last = torch.tensor(lengths, device=hidden.device) - 1
+    first_logits = target.logits(hidden[torch.arange(len(rows), device=hidden.device), last])  # [B, vocab]
     emitted = []
     for r, (row, length) in enumerate(zip(rows, lengths)):
         row.unseen = [hidden[r, :length]]  # the drafter sees every prompt position
-        first, _ = draw(target.logits(hidden[r, length - 1 : length]), sampling, row.generator)  # [1]
+        first, _ = draw(first_logits[r : r + 1], sampling, row.generator)  # [1]
         row.next_token, row.num_tokens = int(first[0]), length
         tokens = row.stop.admit([row.next_token])
         if tokens:
