@@ -59,14 +59,39 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         kth_best = torch.topk(scores, k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth_best, -math.inf)
     if sampling.top_p is not None and sampling.top_p < 1.0:
-        # TopPLogitsWarper: drop the low tail whose total mass is <= 1 - top_p; always keep the best token.
+        scores = scores.masked_fill(_top_p_removed(scores, sampling.top_p), -math.inf)
+    return scores
+
+
+def _top_p_removed(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """TopPLogitsWarper's mask: sort ascending, and drop the low tail whose cumulative softmax is <= 1 - top_p,
+    always keeping the best token.
+
+    Bit for bit the same decision, faster: the tail removed is a prefix of the ascending order, so it is every token
+    scoring at most the last removed score, unless that score is tied with the first kept one (a tie straddling the
+    boundary, where which of the tied tokens goes depends on the sort's order of equal values): then the sort with
+    indices decides, as in `transformers`. The sorted values alone come from NumPy on a CPU (torch.sort of SmolLM2's
+    49k scores costs ~5 ms on this project's CPU, a twelfth of a decode; NumPy's sort ~0.6 ms); the cumulative sums
+    are computed by the same torch ops on the same values in the same order, hence identical."""
+    if scores.device.type == "cpu":
+        import numpy as np
+
+        sorted_scores = torch.from_numpy(np.sort(scores.detach().contiguous().numpy(), axis=-1))
+    else:
+        sorted_scores = torch.sort(scores, dim=-1).values
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    sorted_remove = cumulative <= (1 - top_p)
+    sorted_remove[..., -1:] = False
+    num_removed = sorted_remove.sum(dim=-1, keepdim=True)  # [..., 1]; < vocab (the best token stays)
+    last_removed = sorted_scores.gather(-1, (num_removed - 1).clamp(min=0))
+    first_kept = sorted_scores.gather(-1, num_removed)
+    if bool(((num_removed > 0) & (last_removed == first_kept)).any()):  # a tie straddles the boundary
         sorted_scores, sorted_idx = torch.sort(scores, descending=False, dim=-1)
         cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        sorted_remove = cumulative <= (1 - sampling.top_p)
+        sorted_remove = cumulative <= (1 - top_p)
         sorted_remove[..., -1:] = False
-        remove = sorted_remove.scatter(-1, sorted_idx, sorted_remove)
-        scores = scores.masked_fill(remove, -math.inf)
-    return scores
+        return sorted_remove.scatter(-1, sorted_idx, sorted_remove)
+    return (scores <= last_removed) & (num_removed > 0)
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

@@ -46,6 +46,35 @@ def test_warpers_equal_transformers(settings):
     assert torch.allclose(probs.sum(-1), torch.ones(6))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_top_p_equals_transformers_on_many_rows_and_sorts_only_for_ties_at_its_boundary(dtype, monkeypatch):
+    """Top-p finds its boundary from the sorted values alone; only a tie straddling the boundary needs the sort with
+    indices (which of the tied tokens goes is the sort's order, as in `transformers`). Continuous logits: the same
+    mask as TopPLogitsWarper and no torch.sort; logits rounded to halves (ties everywhere): the same mask, with the
+    sort where a tie straddles. Catches (planted): `<` for `<=` at the boundary; the fallback dropped (the tied rows'
+    masks differ)."""
+    g = torch.Generator().manual_seed(1)
+    sorts = []
+    sort = torch.sort
+
+    def counted(*args, **kwargs):
+        sorts.append(1)
+        return sort(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "sort", counted)
+    for rounded in (False, True):
+        logits = (torch.randn(300, 3000, generator=g) * 2).to(dtype)
+        if rounded:
+            logits = (logits * 2).round() / 2
+        for top_p in (0.3, 0.9, 0.99):
+            sorts.clear()
+            ours = warp_logits(logits, SamplingConfig(do_sample=True, top_p=top_p))
+            used_sort = bool(sorts)
+            theirs = TopPLogitsWarper(top_p)(None, logits.clone())
+            assert torch.equal(torch.isinf(ours), torch.isinf(theirs)), (rounded, top_p)
+            assert used_sort == rounded, (rounded, top_p)  # ties at the boundary happen only in rounded logits
+
+
 def test_top_k_keeps_ties_at_the_cut():
     logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 1.0]])
     kept = ~torch.isinf(warp_logits(logits, SamplingConfig(do_sample=True, top_k=2)))
