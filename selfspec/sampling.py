@@ -139,9 +139,22 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """[..., vocab] probabilities -> [...] one sampled token id per row."""
+    """[..., vocab] probabilities (not necessarily normalised) -> [...] one sampled token id per row.
+
+    Inverse CDF in float64: u ~ U[0, 1) from `generator` (one draw per row), the token is the first whose cumulative
+    mass exceeds u times the total, so token i comes with probability p_i / sum(p) to within 2^-53, and a token of
+    zero mass never (its cumulative equals its predecessor's). `torch.multinomial` does the same in float32 with
+    more work around it: ~0.3 ms per row over 8k tokens and ~1.3 ms over SmolLM2's 49k on this project's CPU,
+    against ~0.05 ms here (a sampled step draws two or three times)."""
     flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+    cumulative = flat.to(torch.float64).cumsum(dim=-1)  # [rows, vocab]
+    u = torch.rand(flat.shape[0], 1, dtype=torch.float64, generator=generator, device=probs.device)
+    tokens = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True)  # [rows, 1]
+    overshot = tokens >= flat.shape[-1]  # u * total rounded up to the total: the last token of positive mass
+    if bool(overshot.any()):
+        last_positive = flat.shape[-1] - 1 - (flat > 0).flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)
+        tokens = torch.where(overshot, last_positive, tokens)
+    return tokens.reshape(probs.shape[:-1])
 
 
 def draw(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None):
