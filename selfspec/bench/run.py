@@ -199,6 +199,8 @@ def sweep(settings: BenchSettings, loaded: Loaded, specs: dict, baselines: list[
 
 def useless_drafts(settings: BenchSettings, loaded: Loaded, prompts, deadline, notes):
     """Each useless-drafts case in its own schedule beside generate and speculation off, on the same prompts."""
+    if not settings.useless_prompts:  # --useless-prompts 0: the check is left out
+        return [], False
     records, base, n = [], parameters(loaded.model)[0], settings.max_new_tokens
     # Every run decodes exactly n tokens (no EOS stop): sampled runs of different methods draw different tokens, so
     # with EOS they stop at different lengths, and a short run's tokens/s carries more of its prefill (on the

@@ -74,7 +74,7 @@ HELP = {
     "t1": "also sample at temperature 1.0 (no top-p) in the main table",
     "sweep_max": "the sweep tries num_draft_tokens 1 .. this per drafter, greedy (0: no sweep)",
     "sweep_prompts": "prompts in the sweep (the first ones of the main set)",
-    "useless_prompts": "prompts per useless-drafts case (the first ones of the main set)",
+    "useless_prompts": "prompts per useless-drafts case (the first ones of the main set; 0 leaves the check out)",
     "quick": f"a short smoke run: {QUICK}",
     "time_limit": "seconds; past it the run stops after the current generation, drops the unfinished round and "
                   "writes what finished (outputs are also written after every phase)",

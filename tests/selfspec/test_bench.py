@@ -332,3 +332,12 @@ def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeyp
     for e in entries:  # the baselines' runs as well as the cases'
         assert e.run.new_tokens == n, (e.method.name, e.mode.name)
     assert all(r["speedup"] > 0 and r["vs_speculation_off"] > 0 for r in records)
+
+
+def test_useless_prompts_zero_leaves_the_check_out(monkeypatch):
+    from selfspec.bench import run as bench_run
+    from selfspec.bench.schedule import Deadline
+    from selfspec.bench.settings import BenchSettings
+
+    monkeypatch.setattr(bench_run, "useless_cases", lambda *args, **kwargs: pytest.fail("no case should be built"))
+    assert bench_run.useless_drafts(BenchSettings(useless_prompts=0), None, [], Deadline(None), []) == ([], False)
