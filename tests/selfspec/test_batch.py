@@ -69,17 +69,24 @@ def test_gpt2_and_auto_draft_length(monkeypatch):
     assert_exercised(out.row_stats, what="gpt2 auto")
 
 
-def test_a_row_stopping_at_eos_leaves_while_the_others_go_on():
-    spec = engine("llama", "ngram")
-    prompts = prompts_of_different_lengths()
-    free = spec.generate(prompts, max_new_tokens=30, num_draft_tokens=4, eos_token_id=[]).sequences
+def row_zero_stops_early(spec, prompts, num_draft_tokens: int):
+    """Decode `prompts` as a batch with an EOS that row 0 generates early (within its first 12 tokens) and some other
+    row never does -> (the options used, the output); checks row 0 stopped there and another row ran to 30."""
+    free = spec.generate(prompts, max_new_tokens=30, num_draft_tokens=num_draft_tokens, eos_token_id=[]).sequences
     continuations = [s[p.shape[0]:].tolist() for s, p in zip(free, prompts)]
-    # an EOS that one row generates early and another never does
     eos = next(t for t in continuations[0][2:12] if any(t not in c for c in continuations[1:]))
-    options = dict(max_new_tokens=30, num_draft_tokens=4, eos_token_id=eos)
+    options = dict(max_new_tokens=30, num_draft_tokens=num_draft_tokens, eos_token_id=eos)
     out = spec.generate(prompts, **options)
     lengths = [s.shape[0] - p.shape[0] for s, p in zip(out.sequences, prompts)]
     assert lengths[0] < 12 and out.sequences[0][-1] == eos and max(lengths) == 30
+    return options, out
+
+
+def test_a_row_stopping_at_eos_leaves_while_the_others_go_on():
+    spec = engine("llama", "ngram")
+    prompts = prompts_of_different_lengths()
+    options, out = row_zero_stops_early(spec, prompts, num_draft_tokens=4)
+    eos = options["eos_token_id"]
     expected = greedy_sequences_with_eos(spec.model, prompts, 30, eos)
     for prompt, got, plain in zip(prompts, out.sequences, expected):
         assert torch.equal(got, alone(spec, prompt, **options))

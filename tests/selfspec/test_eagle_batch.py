@@ -17,6 +17,7 @@ from selfspec.target import TargetModel
 from selfspec.verify_step import verify_chain
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised
+from tests.selfspec.test_batch import row_zero_stops_early
 from tests.selfspec.test_eagle import sharp, trained_head
 
 GREEDY = SamplingConfig()
@@ -191,13 +192,7 @@ def test_a_row_stopping_early_leaves_the_batched_drafter_too(model_and_head):
     model, head = model_and_head
     spec = SelfSpecModel(model, heads=head)
     prompts = prompts_of_different_lengths()
-    free = spec.generate(prompts, max_new_tokens=30, num_draft_tokens=3, eos_token_id=[]).sequences
-    continuations = [s[p.shape[0]:].tolist() for s, p in zip(free, prompts)]
-    eos = next(t for t in continuations[0][2:12] if all(t not in c for c in continuations[1:]))
-    options = dict(max_new_tokens=30, num_draft_tokens=3, eos_token_id=eos)
-    out = spec.generate(prompts, **options)
-    lengths = [s.shape[0] - p.shape[0] for s, p in zip(out.sequences, prompts)]
-    assert lengths[0] < 12 and max(lengths) == 30
+    options, out = row_zero_stops_early(spec, prompts, num_draft_tokens=3)
     for prompt, got in zip(prompts, out.sequences):
         assert torch.equal(got, spec.generate(prompt, **options).sequences[0])
     assert_exercised(out.row_stats, what="batched eagle, a row leaving")
