@@ -251,11 +251,11 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,
     """Each row's draft of up to k_r tokens: all rows in one batched proposal (a row asked for none catches up on its
     states all the same), else each row's own drafter's (a row asked for none is not asked: its states wait). A step
     where no row drafts asks no drafter (their states wait for the next proposal)."""
-    if batch_drafter is not None and any(k > 0 for k in ks):
-        return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
-    if batch_drafter is not None:
+    if batch_drafter is None:
+        return [_propose_alone(row, k, sampling, target) for row, k in zip(rows, ks)]
+    if not any(k > 0 for k in ks):
         return [Draft.empty(row.buffer.device) for row in rows]
-    return [_propose_alone(row, k, sampling, target) for row, k in zip(rows, ks)]
+    return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
 
 
 def _context(row: _Row, k: int, sampling: SamplingConfig, target) -> DraftContext:
