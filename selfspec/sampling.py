@@ -148,8 +148,12 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     against ~0.05 ms here (a sampled step draws two or three times)."""
     flat = probs.reshape(-1, probs.shape[-1])
     cumulative = flat.to(torch.float64).cumsum(dim=-1)  # [rows, vocab]
+    total = cumulative[:, -1:]
+    if not bool(((total > 0) & torch.isfinite(total)).all() and flat.amin() >= 0):
+        raise ValueError("sample_from: every row needs finite, non-negative probabilities with a positive total "
+                         f"(got totals {total.flatten().tolist()[:8]} and a smallest entry {float(flat.amin())})")
     u = torch.rand(flat.shape[0], 1, dtype=torch.float64, generator=generator, device=probs.device)
-    tokens = torch.searchsorted(cumulative, u * cumulative[:, -1:], right=True)  # [rows, 1]
+    tokens = torch.searchsorted(cumulative, u * total, right=True)  # [rows, 1]
     overshot = tokens >= flat.shape[-1]  # u * total rounded up to the total: the last token of positive mass
     if bool(overshot.any()):
         last_positive = flat.shape[-1] - 1 - (flat > 0).flip(-1).to(torch.int8).argmax(dim=-1, keepdim=True)

@@ -172,3 +172,12 @@ def test_sample_from_takes_the_last_positive_token_when_u_rounds_up(monkeypatch)
     from selfspec.sampling import sample_from
 
     assert sample_from(torch.tensor([0.3, 0.7, 0.0, 0.0]), None).item() == 1
+
+
+@pytest.mark.parametrize("bad", [[0.0, 0.0, 0.0], [0.5, float("nan"), 0.5], [0.5, float("inf"), 0.1], [0.8, -0.1, 0.3]])
+def test_sample_from_refuses_probabilities_that_are_not_a_law(bad):
+    """A zero, NaN or infinite total, or a negative entry, is an error (as torch.multinomial's), never a token."""
+    from selfspec.sampling import sample_from
+
+    with pytest.raises(ValueError, match="sample_from"):
+        sample_from(torch.tensor([[0.2, 0.3, 0.5], bad]), None)
