@@ -86,11 +86,8 @@ def _top_p_removed(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     last_removed = sorted_scores.gather(-1, (num_removed - 1).clamp(min=0))
     first_kept = sorted_scores.gather(-1, num_removed)
     if bool(((num_removed > 0) & (last_removed == first_kept)).any()):  # a tie straddles the boundary
-        sorted_scores, sorted_idx = torch.sort(scores, descending=False, dim=-1)
-        cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        sorted_remove = cumulative <= (1 - top_p)
-        sorted_remove[..., -1:] = False
-        return sorted_remove.scatter(-1, sorted_idx, sorted_remove)
+        # torch.sort orders the same values, so sorted_remove stands; only its indices place the tied tokens.
+        return sorted_remove.scatter(-1, torch.sort(scores, descending=False, dim=-1).indices, sorted_remove)
     return (scores <= last_removed) & (num_removed > 0)
 
 
