@@ -302,9 +302,10 @@ def _drop_finished(rows: list[_Row], cache: RaggedCache, batch_drafter: BatchEag
     compute."""
     alive = [r for r, row in enumerate(rows) if not row.stop.done]
     if len(alive) < len(rows):
-        cache.select(torch.tensor(alive, dtype=torch.long))
+        kept = torch.tensor(alive, dtype=torch.long)
+        cache.select(kept)
         if batch_drafter is not None:
-            batch_drafter.select(torch.tensor(alive, dtype=torch.long))
+            batch_drafter.select(kept)
     return [rows[r] for r in alive]
 
 

@@ -21,8 +21,8 @@ class BatchDraftLength:
     straight line through the single-sequence curve (B one-token rows priced as one row verifying B - 1 drafts: the
     same matmuls over the weights) and taught only by this batch's verify forwards; it has no path, so batch timings
     never reach the curve kept on disk. `overhead` learns the rest of each step (drafting, per-row verification,
-    bookkeeping), so a drafter that costs per drafted token (EAGLE runs its head once per token, row by row) is
-    priced too.
+    bookkeeping), so a drafter that costs per drafted token (EAGLE runs its head once per draft position; Medusa
+    and user drafters propose row by row) is priced too.
 
     Rows learn acceptance only when they draft, so after `probe_every` steps at w = 0 one step drafts w = 1 in every
     row (a probe), as `AdaptiveDraftLength` probes: a probe no row accepted doubles the wait for the next (up to

@@ -22,10 +22,10 @@ class Case:
     method: Method
 
 
-def useless_cases(loaded: Loaded, max_new_tokens: int, seed: int, notes: list[str], eos_token_id=None) -> list[Case]:
-    """eos_token_id: what the cases stop at ([]: nothing, every run decodes max_new_tokens); None: the tokenizer's."""
-    model, n = loaded.model, max_new_tokens
-    eos = loaded.eos_token_id if eos_token_id is None else eos_token_id
+def useless_cases(loaded: Loaded, max_new_tokens: int, seed: int, notes: list[str], eos_token_id) -> list[Case]:
+    """eos_token_id: what the cases stop at, as `generate` takes it ([]: nothing, every run decodes max_new_tokens,
+    as the check runs them)."""
+    model, n, eos = loaded.model, max_new_tokens, eos_token_id
     vocab = model.get_output_embeddings().weight.shape[0]
     both = (GREEDY, SAMPLE)
     cases = [Case("random drafts", both, selfspec_method(
