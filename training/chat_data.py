@@ -37,6 +37,7 @@ class ChatDataSettings:
     threads: int = 0  # 0: every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)
     seed: int = 0
     first_prompt: int = 0  # skip this many prompts of the shuffled order (to extend a dataset with new prompts)
+    prompt_set: str = "topics"  # training/prompts.py: "topics" or "everyday"
 
 
 _HELP = {
@@ -49,6 +50,7 @@ _HELP = {
     "threads": "0 = every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)",
     "seed": "0: the prompts' shuffled order and the sampled batches",
     "first_prompt": "0: skip this many prompts of the shuffled order (to extend a dataset with new prompts)",
+    "prompt_set": "topics: training/prompts.py's set of prompts (topics, or everyday: practical how-to and advice)",
 }
 
 
@@ -125,7 +127,7 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
     norm = TargetModel(model).parts.norm  # the module whose output the LM head reads
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = prompt_sets.train_prompts(settings.seed)[settings.first_prompt :]
+    prompts = prompt_sets.train_prompts(settings.seed, settings.prompt_set)[settings.first_prompt :]
     meta = {"settings": asdict(settings), "base": asdict(BaseIdentity.of(model)), "shards": [], "records": 0,
             "tokens": 0, "reply_tokens": 0, "seconds": 0.0}
     records = []

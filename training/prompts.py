@@ -1,7 +1,10 @@
 """Chat prompts for self-distillation and for held-out evaluation, written for this project (no download).
 
-Training prompts are every combination of a request template and a topic; evaluation prompts are the benchmark's
-hand-written questions, whose topics appear in no training prompt (`tests/training/test_prompts.py` checks that no
+Training prompts are every combination of a request template and a topic, in two sets: "topics" (explain, summarise,
+write about a subject) and "everyday" (practical how-to and advice about everyday activities and objects, written in
+round 6 because the first set's heads drafted markedly worse on the benchmark's everyday questions than on held-out
+replies of their own set). Evaluation prompts are the benchmark's hand-written questions, whose topics appear in no
+training prompt (`tests/training/test_prompts.py` checks that no
 training topic occurs in an evaluation prompt). Knows nothing about models.
 """
 from __future__ import annotations
@@ -61,13 +64,58 @@ TRAIN_TOPICS = (
     "elephants", "minimalism", "wind turbines", "ancient Egypt",
 )
 
+EVERYDAY_TEMPLATES = (
+    "How does {t} actually work?",
+    "I'm new to {t}. Where should I start?",
+    "What are the most common mistakes people make with {t}?",
+    "Give me a checklist for {t}.",
+    "Write a funny rhyme about {t}.",
+    "What are some cheap ways to get into {t}?",
+    "Explain {t} to me like I'm a complete beginner.",
+    "My friend wants to try {t}. What advice should I give them?",
+    "What tools or equipment do I need for {t}?",
+    "Write a short encouraging note to someone struggling with {t}.",
+    "What is a good daily routine for {t}?",
+    "Plan a relaxed Saturday around {t}.",
+    "What safety tips should I keep in mind for {t}?",
+    "How long does it take to get good at {t}?",
+    "Write the opening of a blog post about {t}.",
+    "What questions should I ask an expert in {t}?",
+    "Tell me a fun fact about {t} and explain why it is true.",
+    "How has {t} changed over the last fifty years?",
+    "Give me a short list of pros and cons of {t}.",
+    "Describe a typical day for someone who works with {t}.",
+    "What is the science behind {t}?",
+    "Write a two-line joke about {t}.",
+    "How can children learn about {t} at home?",
+    "What are three myths about {t}?",
+)
+
+EVERYDAY_TOPICS = (
+    "knitting", "growing tomatoes", "learning to swim", "sourdough starters", "ironing shirts", "running a marathon",
+    "composting", "home insurance", "washing machines", "electric kettles", "public transport", "hiking boots",
+    "learning Spanish", "budgeting apps", "painting a room", "fixing a flat tire", "job interviews", "houseplants",
+    "dog training", "birdwatching", "skateboarding", "woodworking", "making soup", "taking notes in class",
+    "smartphone batteries", "thermostats", "umbrellas", "sunscreen", "yoga", "grilling vegetables",
+    "moving to a new city", "writing a resume", "podcasts", "board games", "baking cookies", "traffic lights",
+    "lighthouses", "elevators", "hot air balloons", "sailing", "fishing", "ice skating", "snowboarding", "pottery",
+    "calligraphy", "stargazing", "tying knots", "sewing on buttons", "crossword puzzles", "magic tricks",
+    "saving for retirement", "renting an apartment", "first aid kits", "cleaning windows", "recording music at home",
+    "learning to drive", "email etiquette", "washing dishes", "organizing a closet", "microwave ovens",
+)
+
+PROMPT_SETS = {"topics": (TRAIN_TEMPLATES, TRAIN_TOPICS), "everyday": (EVERYDAY_TEMPLATES, EVERYDAY_TOPICS)}
+
 # Held out: the benchmark's chat prompts (selfspec/bench/prompts.py); none of their topics is a training topic.
 EVAL_PROMPTS = CHAT_PROMPTS
 
 
-def train_prompts(seed: int = 0) -> list[str]:
-    """Every template x topic, in a fixed shuffled order (so a time-budgeted run covers topics evenly)."""
-    prompts = [template.format(t=topic) for topic in TRAIN_TOPICS for template in TRAIN_TEMPLATES]
+def train_prompts(seed: int = 0, prompt_set: str = "topics") -> list[str]:
+    """Every template x topic of one set, in a fixed shuffled order (so a time-budgeted run covers topics evenly)."""
+    if prompt_set not in PROMPT_SETS:
+        raise ValueError(f"prompt_set: one of {sorted(PROMPT_SETS)}, got {prompt_set!r}")
+    templates, topics = PROMPT_SETS[prompt_set]
+    prompts = [template.format(t=topic) for topic in topics for template in templates]
     random.Random(seed).shuffle(prompts)
     return prompts
 
