@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext, load_extra_module
+from selfspec.drafters.base import Draft, DraftContext, load_extra_module, weight_share
 from selfspec.sampling import draw, top_probability
 
 
@@ -98,13 +98,7 @@ class EarlyExitDrafter:
 
 
 def _draft_cost(target, exit_layer: int, adapter) -> float:
-    """What drafting one token costs, in one-token decodes of the target, as a token's share of the weights it meets:
-    the first `exit_layer` layers, the adapter and the LM head, over every layer and the LM head (a one-token forward
-    is matrix-vector products, so its time follows the weights read). The "auto" draft length starts from it and
-    learns the real cost from timings. SmolLM2-135M at layer 8 of 30: about 0.4 (its LM head weighs as 8 layers)."""
-    def weights(modules) -> int:
-        return sum(p.numel() for module in modules for p in module.parameters())
-
-    layers, head = weights(target.parts.layers[:exit_layer]), weights([target.lm_head])
-    extra = 0 if adapter is None else weights([adapter])
-    return (layers + extra + head) / max(weights(target.parts.layers) + head, 1)
+    """A draft token meets the first `exit_layer` layers, the adapter and the LM head (`weight_share`). SmolLM2-135M
+    at layer 8 of 30: about 0.4 (its LM head weighs as 8 layers)."""
+    modules = [*target.parts.layers[:exit_layer], target.lm_head] + ([] if adapter is None else [adapter])
+    return weight_share(target.model, modules)

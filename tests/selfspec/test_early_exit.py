@@ -240,13 +240,15 @@ def test_exit_layer_out_of_range_fails_clearly(exit_layer):
 
 
 def test_draft_cost_is_the_share_of_weights_a_draft_token_meets():
-    """The "auto" policy's prior cost of an early-exit draft token: the first L layers plus the LM head, over all
-    layers plus the LM head (a tiny untied model: its LM head weighs about as much as one layer here)."""
+    """The "auto" policy's prior cost of an early-exit draft token: the first L layers plus the LM head, over what a
+    one-token forward multiplies by (every weight but the untied input embedding; a tiny untied model: its LM head
+    weighs about as much as one layer here)."""
     model = tiny_model("llama", seed=4, num_layers=4)
     weights = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     layers, head = model.model.layers, weights(model.lm_head)
     costs = [SelfSpecModel(model, "early_exit", exit_layer=L).drafter.draft_cost for L in (1, 2, 3)]
-    expected = [(sum(weights(layers[i]) for i in range(L)) + head) / (weights(layers) + head) for L in (1, 2, 3)]
+    forward = weights(model) - weights(model.model.embed_tokens)
+    expected = [(sum(weights(layers[i]) for i in range(L)) + head) / forward for L in (1, 2, 3)]
     assert costs == pytest.approx(expected) and 0 < costs[0] < costs[1] < costs[2] < 1
 
 

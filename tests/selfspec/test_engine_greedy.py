@@ -104,7 +104,7 @@ def test_medusa_with_own_lm_heads_is_exact_too():
     prompt = random_prompt(10, seed=8)
     heads = agreeing_heads(model, [prompt], num_new=30, share_lm_head=False)
     spec = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
-    out = spec.generate(prompt, max_new_tokens=30, eos_token_id=[])
+    out = spec.generate(prompt, max_new_tokens=30, eos_token_id=[], num_draft_tokens=heads.num_heads)  # every head drafts
     assert torch.equal(out.sequences, reference(model, prompt, 30, eos_token_id=None))
     assert_exercised(out.stats)
 
