@@ -157,11 +157,13 @@ def selfspec_method(name: str, make: Callable[[], SelfSpecModel], max_new_tokens
     options = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
 
     def run(prompt: torch.Tensor, mode: Mode, seed: int) -> Run:
+        # Sampling at default settings: the global generator, seeded as for `transformers` (a seed= argument would ask
+        # for reproducible tokens, which plans draft lengths without timings: not what a user gets by default).
+        torch.manual_seed(seed)
         with Timer(prompt.device) as timer:
             spec = make() if fresh else kept
             out = spec.generate(prompt[0], max_new_tokens=max_new_tokens, do_sample=mode.do_sample,
-                                temperature=mode.temperature, top_p=mode.top_p, seed=seed, eos_token_id=eos_token_id,
-                                **options)
+                                temperature=mode.temperature, top_p=mode.top_p, eos_token_id=eos_token_id, **options)
         return Run.from_stats(out.stats, timer.seconds, out.sequences[0, prompt.shape[1]:].tolist())
 
     return Method(name, "selfspec", run, drafter, num_draft_tokens, parameters(extra)[0], kept)
