@@ -129,9 +129,9 @@ def weight_share(model, modules=(), extra_weights: int = 0) -> float:
     """What drafting one token costs, in one-token decodes of the target, as the share of the weights it meets: the
     parameters of `modules` plus `extra_weights` (e.g. the LM head rows of a draft vocabulary), over every weight a
     one-token forward of the target `model` multiplies by (all its parameters but an untied input embedding, of which
-    it reads one row). A one-token forward is matrix-vector products, so its time follows the weights it reads; the "auto"
-    draft length starts from this `draft_cost` and learns the real cost from timings (except when sampling with a
-    seed, which plans without timings)."""
+    it reads one row). A one-token forward is matrix-vector products, so its time follows the weights it reads; the
+    "auto" draft length starts from this `draft_cost` and learns the real cost from timings (except when sampling
+    with a seed, which plans without timings)."""
     total = sum(p.numel() for p in model.parameters())
     embedding = model.get_input_embeddings().weight
     if embedding is not model.get_output_embeddings().weight:
