@@ -6,7 +6,7 @@ step is the single-sequence step of `engine.py` (propose, verify, accept, keep p
 the same verifier, `draw`, stop conditions, draft-length policies and stats recorder. A row that finishes leaves
 the batch (its cache rows are dropped), so it costs no more compute. EAGLE drafts every row at once
 (`drafters/eagle_batch.py`: one head forward per draft position, the head's own ragged cache following the batch's
-rows); other drafters propose row by row.
+rows); Medusa runs its heads once for all rows (`propose_rows`); n-gram and a user's drafter propose row by row.
 
 How many tokens each row drafts: with num_draft_tokens="auto" and no seed, one width for the whole batch
 (`BatchDraftLength`: each row's acceptance, the padded forward's cost learned from the batch's timings), which changes
@@ -249,13 +249,24 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
 def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,
              batch_drafter: BatchEagleDrafter | None) -> list[Draft]:
     """Each row's draft of up to k_r tokens: all rows in one batched proposal (a row asked for none catches up on its
-    states all the same), else each row's own drafter's (a row asked for none is not asked: its states wait). A step
-    where no row drafts asks no drafter (their states wait for the next proposal)."""
-    if batch_drafter is None:
-        return [_propose_alone(row, k, sampling, target) for row, k in zip(rows, ks)]
-    if not any(k > 0 for k in ks):
-        return [Draft.empty(row.buffer.device) for row in rows]
-    return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
+    states all the same), else from the one drafter every row shares, for the rows asked (a row asked for none is not
+    asked: its states wait), in one `propose_rows` call when the drafter has one (Medusa: one heads forward for all
+    rows). A step where no row drafts asks no drafter (their states wait for the next proposal)."""
+    drafts = [Draft.empty(row.buffer.device) for row in rows]
+    if batch_drafter is not None:
+        if not any(ks):
+            return drafts
+        return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
+    asked = [r for r, k in enumerate(ks) if k > 0]
+    if not asked:
+        return drafts
+    contexts = [_context(rows[r], ks[r], sampling, target) for r in asked]
+    drafter = rows[0].drafter  # one drafter serves every row (`_row_drafters`)
+    propose_rows = getattr(drafter, "propose_rows", None)
+    proposed = propose_rows(contexts) if propose_rows is not None else [drafter.propose(c) for c in contexts]
+    for r, draft in zip(asked, proposed):
+        drafts[r] = _checked(draft)
+    return drafts
 
 
 def _context(row: _Row, k: int, sampling: SamplingConfig, target) -> DraftContext:
@@ -267,11 +278,8 @@ def _context(row: _Row, k: int, sampling: SamplingConfig, target) -> DraftContex
                         target, None)
 
 
-def _propose_alone(row: _Row, k: int, sampling: SamplingConfig, target) -> Draft:
-    """The row's own drafter's draft of up to k tokens."""
-    if k <= 0:  # not asked: the unseen states wait for its next proposal
-        return Draft.empty(row.buffer.device)
-    draft = row.drafter.propose(_context(row, k, sampling, target))
+def _checked(draft: Draft) -> Draft:
+    """The draft, if a batch can verify it (a chain that ran no part of the model)."""
     if draft.prefilled_layers or getattr(draft, "parents", None) is not None:  # (parents: tree drafts, if known)
         raise NotImplementedError(
             "a batch verifies chains of draft tokens only: drafts that ran part of the model (prefilled_layers) or "

@@ -21,7 +21,7 @@ class BatchDraftLength:
     straight line through the single-sequence curve (B one-token rows priced as one row verifying B - 1 drafts: the
     same matmuls over the weights) and taught only by this batch's verify forwards; it has no path, so batch timings
     never reach the curve kept on disk. `overhead` learns the rest of each step (drafting, per-row verification,
-    bookkeeping), so a drafter that costs per drafted token (EAGLE runs its head once per draft position; Medusa
+    bookkeeping), so a drafter that costs per drafted token (EAGLE runs its head once per draft position; n-gram
     and user drafters propose row by row) is priced too.
 
     Rows learn acceptance only when they draft, so after `probe_every` steps at w = 0 one step drafts w = 1 in every

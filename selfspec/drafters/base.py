@@ -82,7 +82,8 @@ class Drafter(Protocol):
     modules it adds to the model, for the stats' memory figure), `draft_cost` (what drafting one token costs, in
     one-token decodes of the target: where the "auto" draft length starts before timings teach it; default 0) and,
     for tree drafters, `max_tree_nodes(depth, tree_size)` (the most nodes a tree that deep holds: how "auto" prices
-    a tree step; default: depth)."""
+    a tree step; default: depth); for batches, `propose_rows(contexts) -> [Draft]` (one draft per row, in one call:
+    Medusa runs its heads once for all rows; default: `propose` per row)."""
 
     def propose(self, context: DraftContext) -> Draft:
         """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids`."""
@@ -138,6 +139,12 @@ def weight_share(model, modules=(), extra_weights: int = 0) -> float:
         total -= embedding.numel()
     drafted = sum(p.numel() for module in modules for p in module.parameters()) + extra_weights
     return drafted / max(total, 1)
+
+
+def projection_weights(model, draft_vocab: torch.Tensor | None) -> int:
+    """The LM head weights a draft token's logits read: the rows of its draft vocabulary, else all of them."""
+    lm_head = model.get_output_embeddings().weight  # [vocab, hidden]
+    return (lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()) * lm_head.shape[1]
 
 
 def load_extra_module(value, model, module_class, what: str):

@@ -17,7 +17,9 @@ from __future__ import annotations
 import torch
 
 from selfspec.cache import KVCache
-from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module, top_draft_tokens, weight_share
+from selfspec.drafters.base import (
+    Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
+)
 from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier
 from selfspec.sampling import top_probability
 
@@ -47,8 +49,7 @@ class EagleDrafter:
         self._cache = None
         self._real_length = 0  # head cache entries computed from the base's real features
         # A draft token meets the head and the LM head rows it projects onto (SmolLM2's head: about 0.07 of a decode).
-        lm_head = target.lm_head.weight  # [vocab, hidden]
-        rows = (lm_head.shape[0] if self.draft_vocab is None else self.draft_vocab.numel()) * lm_head.shape[1]
+        rows = projection_weights(target.model, self.draft_vocab)
         self.draft_cost = weight_share(target.model, [self.head], extra_weights=rows)
 
     @property

@@ -12,7 +12,9 @@ from functools import partial
 
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext, draw_draft, load_extra_module, top_draft_tokens, weight_share
+from selfspec.drafters.base import (
+    Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
+)
 from selfspec.drafters.tree_select import ROOT, TreeCandidates
 from selfspec.sampling import top_probability
 
@@ -50,19 +52,34 @@ class MedusaDrafter:
         return (self.heads,)
 
     def propose(self, context: DraftContext) -> Draft:
-        num_draft_tokens = min(context.num_draft_tokens, self.heads.num_heads)
-        if num_draft_tokens == 0:
-            return Draft.empty(context.token_ids.device)
+        return self.propose_rows([context])[0]
+
+    def propose_rows(self, contexts: list[DraftContext]) -> list[Draft]:
+        """One draft per context (a batch's rows): the heads run once over every row's hidden state, then each row
+        draws from its own slice with its own generator, as it would alone."""
+        ks = [min(c.num_draft_tokens, self.heads.num_heads) for c in contexts]
+        if max(ks) == 0:
+            return [Draft.empty(c.token_ids.device) for c in contexts]
         draft_vocab = self.heads.draft_vocab  # [N] ids or None: a shared LM head projects onto those rows only
-        project = context.target.logits if draft_vocab is None else partial(context.target.logits, vocab_ids=draft_vocab)
-        logits = self.heads(context.hidden_state, project, num_draft_tokens)  # [num_draft_tokens, N or vocab]
+        target = contexts[0].target
+        project = target.logits if draft_vocab is None else partial(target.logits, vocab_ids=draft_vocab)
+        if len(contexts) == 1:  # one sequence: [hidden] in, as it always ran (a [1, hidden] product may round apart)
+            logits = self.heads(contexts[0].hidden_state, project, ks[0])[None]  # [1, k, N or vocab]
+        else:
+            hidden = torch.stack([c.hidden_state for c in contexts])  # [B, hidden]
+            logits = self.heads(hidden, project, max(ks))  # [B, max k, N or vocab]
         if draft_vocab is not None and not self.heads.config.share_lm_head:
             logits = logits[..., draft_vocab]  # own full-vocabulary projections: keep the draft vocabulary's columns
+        return [self._draft(row_logits[:k], context) if k else Draft.empty(context.token_ids.device)
+                for row_logits, k, context in zip(logits, ks, contexts)]
+
+    def _draft(self, logits: torch.Tensor, context: DraftContext) -> Draft:
+        """[k, N] the first k heads' logits for one sequence -> its draft (a chain, or a tree when asked)."""
         if context.tree_size:
             return self._propose_tree(logits, context)
-        tokens, draft_probs = draw_draft(logits, context, draft_vocab)  # [k], [k, vocab] or None
+        tokens, draft_probs = draw_draft(logits, context, self.heads.draft_vocab)  # [k], [k, vocab] or None
         if self.min_draft_confidence:
-            confidence = top_probability(logits, draft_probs)  # [num_draft_tokens]
+            confidence = top_probability(logits, draft_probs)  # [k]
             # Only the number proposed changes (not which tokens, nor their law): the verifier stays exact.
             unsure = (confidence < self.min_draft_confidence).nonzero()
             if unsure.numel():
@@ -106,8 +123,5 @@ def _draft_cost(heads, model) -> float:
     Reference model, 4 heads: about 0.08 of a decode per token (measured ad hoc: 4 heads ~0.22 decodes, 1 head
     ~0.15); SmolLM2's 4 heads with an 8192-token draft vocabulary: about 0.01."""
     per_head = sum(p.numel() for p in heads.parameters()) // heads.num_heads
-    rows = 0
-    if heads.lm_heads is None:
-        lm_head = model.get_output_embeddings().weight  # [vocab, hidden]
-        rows = (lm_head.shape[0] if heads.draft_vocab is None else heads.draft_vocab.numel()) * lm_head.shape[1]
+    rows = projection_weights(model, heads.draft_vocab) if heads.lm_heads is None else 0
     return weight_share(model, extra_weights=per_head + rows // heads.num_heads)

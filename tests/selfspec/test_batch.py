@@ -134,6 +134,28 @@ def test_sampled_rows_equal_each_prompt_alone_with_its_seed(drafter):
         assert torch.equal(got, alone(spec, prompt, generator=torch.Generator().manual_seed(100 + i), **auto)), i
 
 
+def test_medusa_heads_run_once_per_step_for_all_rows():
+    """Medusa drafts every row from one heads forward per step (`propose_rows`), rows still equal alone, greedy and
+    sampled with a seed per row. Catches (planted): the batch asking the drafter row by row (4 forwards a step)."""
+    spec = engine("llama", "medusa")
+    prompts = prompts_of_different_lengths()
+    calls = []
+    hook = spec.drafter.heads.register_forward_hook(lambda module, args, output: calls.append(output.shape))
+    try:
+        for options in (dict(), dict(do_sample=True, temperature=0.8, seed=5)):
+            options.update(max_new_tokens=20, num_draft_tokens=2, eos_token_id=[])
+            calls.clear()
+            out = spec.generate(prompts, **options)
+            steps = out.stats.target_forwards - 1  # the prefill drafts nothing, nor a step with 1 token left per row
+            assert steps - 2 <= len(calls) <= steps and calls[0][0] == len(prompts)
+            for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
+                seed = {"seed": options["seed"] + i} if "seed" in options else {}
+                assert torch.equal(got, alone(spec, prompt, **{**options, **seed})), i
+            assert_exercised(out.row_stats, what=f"medusa batch {options}")
+    finally:
+        hook.remove()
+
+
 def test_sampled_rows_follow_the_model_law():
     """On a 4-token vocabulary: 1,200 rows of one prompt (batches of 40, a seed per row), compared with the exact law
     of a 3-token continuation."""
