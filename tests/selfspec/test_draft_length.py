@@ -114,6 +114,37 @@ def test_rejected_probes_back_off_and_drafting_again_resets_them():
     assert again[first_off : first_off + 8] == [0] * 7 + [1]
 
 
+def run_declining_steps(policy, proposes, steps):
+    """Feed `steps` steps where the drafter, asked for k > 0, proposes k drafts (all accepted) when proposes(step),
+    else nothing (a decline); each step takes its verify forward plus 0.1 decodes per draft token asked (the drafter
+    runs either way). Returns the ks asked."""
+    chosen = []
+    for step in range(steps):
+        k = policy.choose()
+        drafted = k if proposes(step) else 0
+        policy.observe(drafted, drafted, seconds=0.01 * (CPU_LIKE(drafted) + 0.1 * k))
+        chosen.append(k)
+    return chosen
+
+
+def test_a_drafter_that_always_declines_is_soon_not_asked():
+    """Heads below their confidence floor propose nothing when asked, while each ask costs their forward: the policy
+    learns the decline rate, stops asking, and its probes back off as rejected ones do. Catches (planted): declines
+    not learned (asked on every step at the prior's acceptance), declined probes not backing off (a probe every 8)."""
+    policy = AdaptiveDraftLength(VerifyCost(CPU_LIKE.relative, decode_seconds=0.01), draft_cost=0.1)
+    chosen = run_declining_steps(policy, lambda step: False, 200)
+    assert policy.decline_rate() > 0.5
+    assert sum(1 for k in chosen if k) <= 8  # a few asks at the start, then probes after 8, 16, 32, 64 steps
+
+
+def test_a_drafter_that_declines_half_the_time_but_is_right_is_still_asked():
+    """n-gram-like: no match on every other step, every proposed draft accepted: asking still pays, so the policy
+    keeps asking at k > 1 (a guard for the decline rate's pricing; planted: declines not learned fails the rate)."""
+    policy = AdaptiveDraftLength(VerifyCost(CPU_LIKE.relative, decode_seconds=0.01))
+    chosen = run_declining_steps(policy, lambda step: step % 2 == 0, 100)
+    assert 0.3 < policy.decline_rate() < 0.7 and chosen[-20:].count(0) == 0 and max(chosen[-20:]) > 1
+
+
 def test_a_costly_drafter_is_not_tried_at_length_before_its_first_timing():
     """The drafter's draft_cost is where the learned per-token cost starts: a draft token said to cost a whole
     decode makes the untried drafter (prior acceptance 0.5) start at k=0; timings that show it costs nothing teach
