@@ -155,7 +155,7 @@ class AdaptiveDraftLength:
         decode_seconds = self.cost_curve.decode_seconds  # 0 until the curve knows this device's decode time
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
             step = seconds / decode_seconds  # in one-token decodes
-            ran = num_drafted or asked  # a declined ask still ran the drafter (its cost belongs to asking, not the step)
+            ran = num_drafted or asked  # a declined ask still ran the drafter: its cost belongs to asking
             self.overhead.observe(ran, step - self.cost_curve(self.verified_tokens(num_drafted)))
 
 
