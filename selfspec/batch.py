@@ -252,12 +252,10 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,
     states all the same), else from the one drafter every row shares, for the rows asked (a row asked for none is not
     asked: its states wait), in one `propose_rows` call when the drafter has one (Medusa: one heads forward for all
     rows). A step where no row drafts asks no drafter (their states wait for the next proposal)."""
-    drafts = [Draft.empty(row.buffer.device) for row in rows]
-    if batch_drafter is not None:
-        if not any(ks):
-            return drafts
-        return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
     asked = [r for r, k in enumerate(ks) if k > 0]
+    if batch_drafter is not None and asked:
+        return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
+    drafts = [Draft.empty(row.buffer.device) for row in rows]
     if not asked:
         return drafts
     contexts = [_context(rows[r], ks[r], sampling, target) for r in asked]

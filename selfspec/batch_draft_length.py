@@ -91,7 +91,7 @@ class BatchDraftLength:
         """A step ended: drafted[r] tokens were proposed by row r (rows in the forward, in any order), num_accepted
         of all of them were accepted, its verify forward (padded to 1 + max drafted tokens per row, and the logits)
         took verify_seconds, the whole step step_seconds."""
-        self.probes.observed(sum(drafted), num_accepted)
+        self.probes.observed(num_accepted)
         self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)

@@ -144,7 +144,7 @@ class AdaptiveDraftLength:
         """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
         `seconds` (None: not timed, learn acceptance only)."""
         asked, self._last_asked = self._last_asked, 0
-        self.probes.observed(num_drafted, num_accepted)
+        self.probes.observed(num_accepted)
         if asked > 0:  # what asking gave: a draft, or none (declined)
             self.asked = self.decay * self.asked + 1.0
             self.declined = self.decay * self.declined + float(num_drafted == 0)
@@ -183,7 +183,7 @@ class ProbeSchedule:
             return 1
         return 0
 
-    def observed(self, num_drafted: int, num_accepted: int) -> None:
+    def observed(self, num_accepted: int) -> None:
         """The step's outcome: a probe that had nothing accepted (rejected, or declined by the drafter) doubles the
         wait."""
         if self.probing and not num_accepted:
