@@ -9,7 +9,7 @@ from the batch's own timings. Knows no model, cache, drafter or clock: the loop 
 from __future__ import annotations
 
 from selfspec.draft_length import AdaptiveDraftLength, ProbeSchedule, StepOverhead
-from selfspec.verify_cost import LearnedVerifyCost, VerifyCost
+from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, clipped
 
 
 class BatchDraftLength:
@@ -97,7 +97,8 @@ class BatchDraftLength:
         self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
         if decode_seconds > 0:
-            self.overhead.observe(sum(drafted), max(0.0, step_seconds - verify_seconds) / decode_seconds)
+            overhead = max(0.0, step_seconds - verify_seconds) / decode_seconds
+            self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))
 
 
 def straight(curve: VerifyCost) -> VerifyCost:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from selfspec.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
-    VerifyCost, _non_decreasing, measure_verify_cost,
+    VerifyCost, _non_decreasing, clipped, measure_verify_cost,
 )
 
 
@@ -133,7 +133,7 @@ class AdaptiveDraftLength:
         if num_draft_tokens:
             declined = self.decline_rate()
             verify = (1.0 - declined) * verify + declined * self.cost_curve(0)
-        return verify + self.overhead.per_step + num_draft_tokens * self.overhead.per_token
+        return verify + self.overhead.predict(num_draft_tokens)
 
     def choose(self) -> int:
         k = max(range(self.max_draft_tokens + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
@@ -154,9 +154,10 @@ class AdaptiveDraftLength:
             self.prior_left[i] *= self.decay
         decode_seconds = self.cost_curve.decode_seconds  # 0 until the curve knows this device's decode time
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
-            step = seconds / decode_seconds  # in one-token decodes
             ran = num_drafted or asked  # a declined ask still ran the drafter: its cost belongs to asking
-            self.overhead.observe(ran, step - self.cost_curve(self.verified_tokens(num_drafted)))
+            verify = self.cost_curve(self.verified_tokens(num_drafted))
+            step = clipped(seconds / decode_seconds, verify + self.overhead.predict(ran))  # in one-token decodes
+            self.overhead.observe(ran, step - verify)
 
 
 class ProbeSchedule:
@@ -203,6 +204,9 @@ class StepOverhead:
         self.decay, self.ridge, self.prior_per_token = decay, ridge, per_token
         self.n = self.d = self.dd = self.r = self.dr = 0.0  # decayed sums of 1, d, d^2, r, d*r
         self.per_step, self.per_token = 0.0, per_token
+
+    def predict(self, num_drafted: int) -> float:
+        return self.per_step + num_drafted * self.per_token
 
     def observe(self, num_drafted: int, residual: float) -> None:
         d, g, t0 = float(num_drafted), self.decay, self.prior_per_token

@@ -85,6 +85,7 @@ class SelfSpecModel:
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         self._verify_cost: LearnedVerifyCost | None = None
+        self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
         if self.tree_size:
             check_tree_drafting(self.drafter, self.target)
@@ -290,10 +291,14 @@ class SelfSpecModel:
                  verify_seconds: float) -> None:
         """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
         self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+        # The first forward of each draft size is a warm-up, not a measurement: on a GPU it loads and selects kernels
+        # (reference model on an H200: bfloat16 70-1200 ms, float32 up to 87 ms, against 8 and 5 ms after).
+        first_of_shape = draft.num_draft_tokens not in self._timed_shapes
+        self._timed_shapes.add(draft.num_draft_tokens)
         # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (its nodes).
-        policy.observe(depth, verdict.num_accepted, seconds=seconds)
-        if self._verify_cost is not None and draft.prefilled_layers == 0:  # a full forward verified these drafts
-            self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)
+        policy.observe(depth, verdict.num_accepted, seconds=None if first_of_shape else seconds)
+        if self._verify_cost is not None and draft.prefilled_layers == 0 and not first_of_shape:
+            self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)  # a full forward verified these drafts
 
     def _prompt_ids(self, input_ids) -> torch.Tensor:
         """str | list[int] | [T] | [1, T] | chat messages -> [T] long on the model's device."""

@@ -21,6 +21,16 @@ import torch
 # ~/.cache/selfspec (the usual place for data that can be rebuilt at any time).
 CACHE_DIR_ENV = "SELFSPEC_CACHE_DIR"
 MAX_DRAFT_TOKENS = 8  # the curve is kept for k = 0 .. 8 and extrapolated linearly beyond
+# A timed step is learned from as at most this many times what it was predicted to cost: one stalled step (the OS, a
+# GPU's first forward of a new shape, which the engine also leaves untimed) otherwise teaches "auto" that drafting is
+# dear for many steps after (tests/selfspec/test_draft_length.py). A cost that really is higher is still learned:
+# each step can raise the estimate 3x, so a few steps reach it.
+OUTLIER_RATIO = 3.0
+
+
+def clipped(observed: float, predicted: float) -> float:
+    """An observed cost as a learner should take it: at most OUTLIER_RATIO x the prediction (when there is one)."""
+    return min(observed, OUTLIER_RATIO * predicted) if predicted > 0 else observed
 
 
 @dataclass(frozen=True)
@@ -83,7 +93,9 @@ class LearnedVerifyCost:
         return tuple(self(k) for k in range(MAX_DRAFT_TOKENS + 1))
 
     def observe(self, num_draft_tokens: int, seconds: float) -> None:
-        """One full target forward that verified `num_draft_tokens` drafts took `seconds`."""
+        """One full target forward that verified `num_draft_tokens` drafts took `seconds` (clipped to OUTLIER_RATIO x
+        what the curve predicted, once it knows this device's decode time)."""
+        seconds = clipped(seconds, self.decode_seconds * self(num_draft_tokens))
         m, g = self.start(num_draft_tokens) - 1.0, self.decay
         for i, value in enumerate((1.0, m, m * m, seconds, m * seconds)):
             self.sums[i] = g * self.sums[i] + value

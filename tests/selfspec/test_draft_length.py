@@ -159,6 +159,28 @@ def test_a_costly_drafter_is_not_tried_at_length_before_its_first_timing():
         AdaptiveDraftLength(CPU_LIKE, draft_cost=-1.0)
 
 
+def test_one_stalled_step_does_not_stop_drafting():
+    """Always-right drafts on a GPU-like device; one step takes 50 decodes (a GPU's first forward of a new shape, an
+    OS stall). The policy learns from it as at most OUTLIER_RATIO x its prediction and keeps drafting long; a cost
+    that stays high is still learned within a few steps. Catches (planted): no clipping (k = 0 after the stall)."""
+    policy = AdaptiveDraftLength(VerifyCost(GPU_LIKE.relative, decode_seconds=0.01))
+    for k in [2, 5, 8] * 7:  # steps of several lengths, each taking just its verify forward
+        policy.choose()
+        policy.observe(k, k, seconds=0.01 * GPU_LIKE(k))
+    assert policy.choose() == 8
+    policy.observe(8, 8, seconds=0.01 * 50)  # the stall
+    assert policy.overhead.per_token < 0.2
+    chosen = []
+    for _ in range(10):
+        chosen.append(policy.choose())
+        policy.observe(chosen[-1], chosen[-1], seconds=0.01 * GPU_LIKE(chosen[-1]))
+    assert chosen == [8] * 10
+    dear = AdaptiveDraftLength(VerifyCost(GPU_LIKE.relative, decode_seconds=0.01))
+    for _ in range(10):  # every step really costs 16 decodes beyond its verify forward
+        dear.observe(8, 8, seconds=0.01 * (GPU_LIKE(8) + 16.0))
+    assert dear.overhead.predict(8) > 14
+
+
 def test_costly_verification_asks_for_fewer_drafts():
     """Acceptance 0.7 per position: a flat (GPU-like) cost drafts a lot, a steep one drafts less."""
     acceptance = [0.7] * 8
@@ -270,6 +292,52 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
         later = policy.chosen[len(policy.chosen) // 2 :]
         later_k[wrong] = sum(later) / len(later)
     assert later_k[True] < 0.5 and later_k[False] > 6
+
+
+class _WrongEvery:
+    """Proposes the model's greedy continuation with every `period`-th position of the sequence wrong: acceptance
+    that varies step by step, so "auto" asks for drafts of several sizes."""
+
+    def __init__(self, continuation, vocab_size, period):
+        self.continuation, self.vocab_size, self.period = continuation, vocab_size, period
+
+    def propose(self, context):
+        n = context.token_ids.shape[0]
+        tokens = self.continuation[n : n + context.num_draft_tokens].clone()
+        for j in range(tokens.shape[0]):
+            if (n + j) % self.period == 0:
+                tokens[j] = (tokens[j] + 1) % self.vocab_size
+        return Draft(tokens)
+
+    def observe(self, num_drafted, num_accepted):
+        pass
+
+
+def test_the_first_forward_of_each_draft_size_is_not_a_measurement(monkeypatch, tmp_path):
+    """A GPU's first forward of each new shape loads kernels (reference model, bfloat16, H200: 70-1200 ms against 8
+    after). Scripted: the first forward over each token count costs 100 decodes, every later one 1 (a flat, GPU-like
+    cost). "auto" still learns a cheap curve and drafts long, the output unchanged.
+    Catches (planted): first forwards timed (the curve learns 32 decodes at k = 8, 2.1 tokens per forward)."""
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    model = tiny_model("llama", seed=4)
+    prompt = random_prompt(6, seed=5)
+    continuation = model.generate(prompt, max_new_tokens=100, do_sample=False, eos_token_id=None, pad_token_id=2,
+                                  attention_mask=torch.ones_like(prompt))[0]
+    spec = SelfSpecModel(model, drafter=_WrongEvery(continuation, 96, period=5))
+    seen = set()
+
+    def seconds(num_tokens):
+        first = num_tokens not in seen
+        seen.add(num_tokens)
+        return 100.0 if first else 1.0
+
+    scripted_engine_clock(spec, seconds)
+    out = spec.generate(prompt, max_new_tokens=100, num_draft_tokens="auto", eos_token_id=[])
+    assert torch.equal(out.sequences[0], continuation)
+    assert len(seen) > 4  # several draft sizes ran
+    assert_exercised(out.stats, what="wrong every 5th position")
+    assert spec.verify_cost()(8) < 2.5
+    assert out.stats.tokens_per_forward > 3.5
 
 
 def test_medusa_confidence_threshold_drafts_fewer_and_stays_exact():

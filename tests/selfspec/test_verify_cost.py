@@ -34,6 +34,21 @@ def test_one_k_only_keeps_the_start_shape_and_learns_the_scale_of_a_decode():
     assert learned.decode_seconds == pytest.approx(0.003 / start(3), rel=1e-6)
 
 
+def test_one_stalled_forward_is_learned_as_at_most_a_few_times_its_prediction():
+    """A GPU loads each new shape's kernels on its first forward (tens of decodes, once per process): after 30 steady
+    forwards, one verify at k = 3 taking 40 decodes moves the curve by little, and it is back within 5 % in 50 steps.
+    Catches (planted): no clipping (the curve at k = 8 more than doubles)."""
+    start = prior_verify_cost(CPU)
+    learned = LearnedVerifyCost(start)
+    for step in range(30):
+        learned.observe(step % 9, 0.002 * start(step % 9))
+    learned.observe(3, 0.002 * 40)
+    assert learned(8) < 1.5 * start(8)
+    for step in range(50):
+        learned.observe(step % 9, 0.002 * start(step % 9))
+    assert learned(8) == pytest.approx(start(8), rel=0.05)
+
+
 def test_the_prior_is_concave_and_steeper_on_a_cpu():
     cpu, gpu = prior_verify_cost(CPU), prior_verify_cost(torch.device("cuda"))
     steps = [cpu(k + 1) - cpu(k) for k in range(8)]
