@@ -242,7 +242,9 @@ class SelfSpecModel:
         while not stop.done:
             recorder.start()
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
-            k = min(policy.choose(), stop.remaining - 1)  # a step emits at most k + 1 tokens
+            # A step emits at most k + 1 tokens; the last one drafts nothing and does not ask the policy (which would
+            # read the empty draft as the drafter declining).
+            k = min(policy.choose(), stop.remaining - 1) if stop.remaining > 1 else 0
             draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache)
             verify_started = clock()
             # The cache ends holding pending + accepted; kept_hidden [num_accepted + 1, hidden] are their final states.

@@ -159,6 +159,21 @@ def test_a_costly_drafter_is_not_tried_at_length_before_its_first_timing():
         AdaptiveDraftLength(CPU_LIKE, draft_cost=-1.0)
 
 
+def test_the_last_token_is_not_read_as_a_decline():
+    """A step with one token left drafts nothing; the policy is not asked then, so it does not learn a decline from a
+    drafter that was never asked. Catches (planted): the capped ask still made (declined > 0)."""
+    model = tiny_model("llama", seed=4)
+    prompt = random_prompt(6, seed=5)
+    continuation = model.generate(prompt, max_new_tokens=11, do_sample=False, eos_token_id=None, pad_token_id=2,
+                                  attention_mask=torch.ones_like(prompt))[0]
+    policy = _Recording(VerifyCost(GPU_LIKE.relative, decode_seconds=1.0), learn_step_cost=False)
+    spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong=False))
+    out = spec.generate(prompt, max_new_tokens=11, num_draft_tokens=policy, eos_token_id=[])
+    assert torch.equal(out.sequences[0], continuation)
+    assert policy.chosen == [8] and out.stats.accepted == 8  # one step of 8 drafts, then the last token alone
+    assert policy.declined == 0.0
+
+
 def test_one_stalled_step_does_not_stop_drafting():
     """Always-right drafts on a GPU-like device; one step takes 50 decodes (a GPU's first forward of a new shape, an
     OS stall). The policy learns from it as at most OUTLIER_RATIO x its prediction and keeps drafting long; a cost
