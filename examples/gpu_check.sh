@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# selfspec on a GPU, in at most 6 minutes: (1) the cost of verifying k tokens against decoding one, k = 1..64, on a
-# 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model in bfloat16, chains
+# selfspec on a GPU, in about 5 minutes (at most 7.5): (1) the cost of verifying k tokens against decoding one,
+# k = 1..64, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model in bfloat16, chains
 # and trees ("auto": 47 nodes on a GPU), then (3) in float32. Results (8 files) go to $OUT (default ./gpu-check):
 #   gpu_check.log  verify_cost.json  bench-bfloat16.{json,md,png}  bench-float32.{json,md,png}
 #
@@ -39,14 +39,15 @@ stamp "1/3 verify cost, 1B-class random Llama, bfloat16"
 timeout 80 python3 examples/verify_cost.py --device cuda --dtype bfloat16 --json "$OUT/verify_cost.json" \
     || echo "gpu_check: verify cost failed or timed out (exit $?)"
 
-# 3 held-out prompts x 2 rounds x 64 tokens; the sweep (k = 0..6) and the useless-drafts check on 1 prompt; without
-# transformers' early exit (slow, and not ours). Each run writes its JSON and table after every phase, and stops
-# after --time-limit seconds, so a timeout still leaves the phases that finished. (89 s on this project's CPU.)
+# 3 held-out prompts x 2 rounds x 64 tokens; every selfspec drafter also at a fixed k = 3 (round 7: in bfloat16 on an
+# H200 "auto" hardly drafted where k = 3 ran 1.57x); the sweep (k = 0..6) and the useless-drafts check on 1 prompt;
+# without transformers' early exit (slow, and not ours). Each run writes its JSON and table after every phase, and stops
+# after --time-limit seconds, so a timeout still leaves the phases that finished. (89 s on this project's CPU without --fixed-k.)
 for dtype in bfloat16 float32; do
     stamp "$([ $dtype = bfloat16 ] && echo 2/3 || echo 3/3) benchmark, reference model, $dtype"
-    timeout 150 python3 -m selfspec.bench --device cuda --dtype $dtype --tree-size auto --num-prompts 3 --repeats 2 \
-        --max-new-tokens 64 --sweep-max 6 --sweep-prompts 1 --useless-prompts 1 --skip "transformers early exit" \
-        --time-limit 120 --out "$OUT/bench-$dtype" \
+    timeout 180 python3 -m selfspec.bench --device cuda --dtype $dtype --tree-size auto --num-prompts 3 --repeats 2 \
+        --max-new-tokens 64 --sweep-max 6 --sweep-prompts 1 --useless-prompts 1 --fixed-k 3 --skip "transformers early exit" \
+        --time-limit 150 --out "$OUT/bench-$dtype" \
         || echo "gpu_check: benchmark ($dtype) failed or timed out (exit $?)"
 done
 stamp "done"
