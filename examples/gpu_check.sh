@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # selfspec on a GPU, in about 5 minutes (at most 7.5): (1) the cost of verifying k tokens against decoding one,
-# k = 1..64, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model in bfloat16, chains
-# and trees ("auto": 47 nodes on a GPU), then (3) in float32. Results (8 files) go to $OUT (default ./gpu-check):
+# k = 1..64, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model
+# in bfloat16, chains and trees ("auto": 47 nodes on a GPU), then (3) in float32. Results (8 files) go to $OUT (default ./gpu-check):
 #   gpu_check.log  verify_cost.json  bench-bfloat16.{json,md,png}  bench-float32.{json,md,png}
 #
 #   bash examples/gpu_check.sh                  # from anywhere; OUT=/some/dir bash examples/gpu_check.sh
