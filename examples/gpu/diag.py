@@ -4,6 +4,7 @@
     python3 examples/gpu/diag.py run bfloat16 3      # generate vs selfspec off / medusa "auto" / k=3 / tree "auto",
                                                      # 3 code prompts x 3 rounds x 64 tokens; the last argument is
                                                      # selfspec.verify_cost.OUTLIER_RATIO (1e9: no clipping)
+    python3 examples/gpu/diag.py run bfloat16 3 nocudnn   # the same with cuDNN's attention backend turned off
 
 An ad hoc script (not interleaved like the benchmark: generate, then each wrapper in turn, per prompt and round).
 """
@@ -17,6 +18,8 @@ from selfspec.bench.models import load
 from selfspec.bench.prompts import prompt_texts, prompt_ids
 
 part, dtype, ratio = sys.argv[1], sys.argv[2], float(sys.argv[3])
+if "nocudnn" in sys.argv[4:]:  # the next hypothesis to test (README.md): cuDNN attention plans per new shape
+    torch.backends.cuda.enable_cudnn_sdp(False)
 os.environ["SELFSPEC_CACHE_DIR"] = tempfile.mkdtemp()
 settings = parse_args(["--device", "cuda", "--dtype", dtype])
 loaded = load(settings, [])
