@@ -36,6 +36,7 @@ import torch
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
+from selfspec.draft_length import capped_choice
 from selfspec.drafters import drafter_parameter_bytes
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
@@ -241,7 +242,7 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
     """Each row's k this step: the batch's width, else its own policy's; never past its budget (a step emits at most
     k + 1). The padded forward costs the same whatever a row shorter than the widest drafts, so every row drafts."""
     if planner is None:
-        return [min(row.policy.choose(), row.stop.remaining - 1) if row.stop.remaining > 1 else 0 for row in rows]
+        return [capped_choice(row.policy, row.stop.remaining - 1) for row in rows]
     width = planner.choose([(row.policy, row.stop.remaining - 1) for row in rows])
     return [min(width, row.stop.remaining - 1) for row in rows]
 

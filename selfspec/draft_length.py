@@ -223,6 +223,12 @@ class StepOverhead:
         self.per_step, self.per_token = max(0.0, per_step), per_token
 
 
+def capped_choice(policy, budget: int) -> int:
+    """The k a step drafts: the policy's choice, at most `budget` (the drafts a step may still emit). With no budget
+    the policy is not asked: it would read the empty draft that follows as the drafter declining."""
+    return min(policy.choose(), budget) if budget > 0 else 0
+
+
 def draft_length_policy(
     num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True,
     draft_cost: float = 0.0, verified_tokens: Callable[[int], int] | None = None,

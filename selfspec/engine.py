@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.draft_length import draft_length_policy
+from selfspec.draft_length import capped_choice, draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
@@ -242,9 +242,7 @@ class SelfSpecModel:
         while not stop.done:
             recorder.start()
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
-            # A step emits at most k + 1 tokens; the last one drafts nothing and does not ask the policy (which would
-            # read the empty draft as the drafter declining).
-            k = min(policy.choose(), stop.remaining - 1) if stop.remaining > 1 else 0
+            k = capped_choice(policy, stop.remaining - 1)  # a step emits at most k + 1 tokens
             draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache)
             verify_started = clock()
             # The cache ends holding pending + accepted; kept_hidden [num_accepted + 1, hidden] are their final states.
