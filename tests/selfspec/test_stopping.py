@@ -31,7 +31,8 @@ def greedy_reference(model, prompt, max_new_tokens, **kwargs) -> list[int]:
 
 
 def run_both(engine: SelfSpecModel, prompt, **kwargs):
-    """(generate's new tokens, streamed tokens, the stream's step sizes)."""
+    """(generate's new tokens, streamed tokens, the stream's step sizes). Callers fix num_draft_tokens: under "auto"
+    whether drafts are asked for at all follows the wall clock, and the tests assert that steps accepted several."""
     out = engine.generate(prompt, **kwargs)
     stream = engine.stream(prompt, **kwargs)
     steps = [piece.token_ids for piece in stream]
@@ -79,7 +80,7 @@ def test_single_and_several_eos_match_generate_even_mid_step():
     for eos, cut in ((eos1, i1), ([eos2, eos1], min(i1, i2)), ([eos2], i2)):
         expected = greedy_reference(model, prompt, 30, eos_token_id=eos)
         assert expected == free[: cut + 1]
-        returned, streamed, sizes = run_both(engine, prompt, max_new_tokens=30, eos_token_id=eos)
+        returned, streamed, sizes = run_both(engine, prompt, max_new_tokens=30, eos_token_id=eos, num_draft_tokens=4)
         assert returned == streamed == expected
         assert max(sizes) > 1  # the oracle makes steps accept several tokens
 
@@ -103,7 +104,7 @@ def test_max_new_tokens_exact_with_ngram_on_a_repetitive_prompt():
     free = greedy_reference(model, prompt, 24, eos_token_id=None)
     multi_token_steps = 0
     for n in (1, 2, 3, 7, 13, 24):
-        returned, streamed, sizes = run_both(engine, prompt, max_new_tokens=n, eos_token_id=[])
+        returned, streamed, sizes = run_both(engine, prompt, max_new_tokens=n, eos_token_id=[], num_draft_tokens=3)
         assert returned == streamed == free[:n]
         multi_token_steps += sum(s > 1 for s in sizes)
     assert multi_token_steps > 0  # the drafter did accept in bulk on this prompt

@@ -125,7 +125,8 @@ def test_generate_drives_a_streamer_like_transformers():
     model, prompt = tiny_model(), repetitive_prompt(30)
     engine = SelfSpecModel(model, drafter="ngram")
     ours, theirs = RecordingStreamer(), RecordingStreamer()
-    out = engine.generate(prompt, max_new_tokens=20, streamer=ours)
+    # A fixed draft length: under "auto" whether n-gram drafts are asked for at all follows the wall clock.
+    out = engine.generate(prompt, max_new_tokens=20, num_draft_tokens=3, streamer=ours)
     model.generate(prompt, max_new_tokens=20, do_sample=False, streamer=theirs)
     # First put: the prompt as [1, T] on the CPU, as `generate` does; then new ids; then one end().
     assert ours.puts[0].shape == theirs.puts[0].shape == prompt.shape and torch.equal(ours.puts[0], prompt)
