@@ -72,6 +72,7 @@ class _Row:
     recorder: StatsRecorder
     num_tokens: int = 0  # committed ids in buffer (all in the cache)
     next_token: int = 0  # pending: chosen, not yet in the buffer or the cache
+    asked: int = 0  # the drafts this step asks of the row's drafter
     unseen: list = field(default_factory=list)  # [num_new_i, hidden] states the drafter has not seen, oldest first
 
 
@@ -184,7 +185,10 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         for row, draft, verdict in zip(stepped, drafts, verdicts):
             row.recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, row.stop.num_emitted, share)
             row.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
-            row.policy.observe(draft.num_draft_tokens, verdict.num_accepted, seconds=None)
+            # Under the batch's width the row's policy did not choose: it is told what its drafter was asked for,
+            # so a drafter that declines (Medusa below its confidence floor) is priced as declining.
+            asked = {} if planner is None else {"asked": row.asked}
+            row.policy.observe(draft.num_draft_tokens, verdict.num_accepted, seconds=None, **asked)
         yield emitted
     total_stats(total, [row.recorder.stats for row in all_rows], forwards, prefill_seconds, decode_seconds, peak)
 
@@ -244,7 +248,9 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
     if planner is None:
         return [capped_choice(row.policy, row.stop.remaining - 1) for row in rows]
     width = planner.choose([(row.policy, row.stop.remaining - 1) for row in rows])
-    return [min(width, row.stop.remaining - 1) for row in rows]
+    for row in rows:
+        row.asked = min(width, row.stop.remaining - 1)
+    return [row.asked for row in rows]
 
 
 def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,

@@ -140,10 +140,12 @@ class AdaptiveDraftLength:
         self._last_asked = self.probes.after(k)
         return self._last_asked
 
-    def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None) -> None:
+    def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None,
+                asked: int | None = None) -> None:
         """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
-        `seconds` (None: not timed, learn acceptance only)."""
-        asked, self._last_asked = self._last_asked, 0
+        `seconds` (None: not timed, learn acceptance only). `asked`: the k the step asked the drafter for, when not
+        this policy's last choice (a batch's width chooses for every row)."""
+        asked, self._last_asked = self._last_asked if asked is None else asked, 0
         self.probes.observed(num_accepted)
         if asked > 0:  # what asking gave: a draft, or none (declined)
             self.asked = self.decay * self.asked + 1.0

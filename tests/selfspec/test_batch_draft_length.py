@@ -12,6 +12,7 @@ import selfspec.batch
 from selfspec import SelfSpecModel
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.draft_length import AdaptiveDraftLength
+from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig
 from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, prior_verify_cost
 from tests.conftest import tiny_model
@@ -183,6 +184,35 @@ def test_learns_what_each_drafted_token_costs():
     assert planner.choose(rows) == 0
 
 
+def test_batch_rows_learn_that_their_drafter_declines(monkeypatch):
+    """Under the batch's width the rows' policies do not choose, so they are told what each row's drafter was asked
+    for: a drafter that proposes nothing for half the rows is priced as declining half the time, not as a drafter
+    whose every ask brings a draft (measured on the reference model at batch 8, Medusa heads below their confidence
+    floor in a third of the rows: the planner expected 18.3 tokens a step at w = 4 for 14.8 realised, and drafted at
+    0.6-0.87x of w = 0; told, it stays at w = 0 but for probes, as fast as w = 0).
+    Catches (planted): the rows' policies not told (their decline rate stays 0)."""
+
+    class HalfDeclining:
+        def __init__(self, inner):
+            self.inner, self.asked = inner, 0
+
+        def propose(self, context):
+            self.asked += 1
+            return self.inner.propose(context) if self.asked % 2 else Draft.empty(context.token_ids.device)
+
+        def observe(self, num_drafted, num_accepted):
+            self.inner.observe(num_drafted, num_accepted)
+
+    recorded = _Recorded(monkeypatch)
+    spec = engine("llama", "ngram")
+    spec.drafter = HalfDeclining(spec.drafter)
+    scripted_batch_clock(spec, monkeypatch, lambda num_tokens: 1.0)  # flat: the planner drafts every step
+    spec.generate(prompts_of_different_lengths(), max_new_tokens=30, eos_token_id=[])
+    (planner,) = recorded.batches
+    assert spec.drafter.asked > 10
+    assert all(0.3 < policy.decline_rate() < 0.9 for policy, _ in planner.rows)
+
+
 class _Recorded:
     """Patches the engine's BatchDraftLength with one that records each step's (width, caps), per batch."""
 
@@ -199,6 +229,7 @@ class _Recorded:
             def choose(self, rows):
                 width = super().choose(rows)
                 self.steps.append((width, [cap for _, cap in rows]))
+                self.rows = rows  # the latest step's (row policy, cap)
                 return width
 
         monkeypatch.setattr(selfspec.batch, "BatchDraftLength", Recording)
@@ -245,9 +276,10 @@ def test_the_width_follows_the_batchs_timings(monkeypatch):
         (planner,) = recorded.batches
         steps[device] = planner.steps[len(planner.steps) // 2 :]  # (width, caps) once the costs are learned
     assert all(torch.equal(a, b) for a, b in zip(sequences["flat"], sequences["steep"]))
-    full = [width == min(8, max(caps)) for width, caps in steps["flat"]]
-    # (the width grows one timed step at a time, and n-gram rows often draft less than asked, so it climbs slowly)
-    assert all(full[-5:]) and all(width >= min(5, max(caps)) for width, caps in steps["flat"]), steps["flat"]
+    # Within one of the rows' budgets: the width grows one timed step at a time, n-gram rows often draft less than
+    # asked or nothing (so it climbs slowly), and with their declines priced, w = 7 and 8 come close.
+    full = [width >= min(7, max(caps)) for width, caps in steps["flat"]]
+    assert all(full[-5:]) and all(width >= min(5, max(caps)) for width, caps in steps["flat"]), str(steps["flat"])
     widths = [width for width, _ in steps["steep"]]
     assert max(widths) == 1 and widths.count(1) <= len(widths) // 8 + 1, widths
 
