@@ -9,8 +9,6 @@ drafting cost learned from the step times it is given). Knows no model, cache or
 """
 from __future__ import annotations
 
-import copy
-
 from collections.abc import Callable
 from typing import Protocol
 
@@ -108,14 +106,6 @@ class AdaptiveDraftLength:
         self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
-
-    def resume(self, earlier: "AdaptiveDraftLength") -> None:
-        """Start from what `earlier` learned (a previous generation with the same drafter and sampling settings):
-        acceptance and decline evidence, step overheads, the probes' back-off. Not the cost curve, which is shared."""
-        self.tried, self.accepted, self.prior_left = list(earlier.tried), list(earlier.accepted), list(earlier.prior_left)
-        self.asked, self.declined = earlier.asked, earlier.declined
-        self.overhead = copy.deepcopy(earlier.overhead)
-        self.probes = copy.deepcopy(earlier.probes)
 
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""

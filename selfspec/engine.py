@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.draft_length import AdaptiveDraftLength, capped_choice, draft_length_policy
+from selfspec.draft_length import capped_choice, draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
@@ -86,7 +86,6 @@ class SelfSpecModel:
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         self._verify_cost: LearnedVerifyCost | None = None
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
-        self._last_policies: dict = {}  # sampling settings -> (drafter, the last unseeded "auto" policy for them)
         self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
         if self.tree_size:
             check_tree_drafting(self.drafter, self.target)
@@ -200,7 +199,7 @@ class SelfSpecModel:
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
-        policy = self._resumed(self._draft_length_policy(options), options)
+        policy = self._draft_length_policy(options)
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
@@ -223,20 +222,6 @@ class SelfSpecModel:
             return draft_length_policy(options.num_draft_tokens, prior, learn_step_cost=False, **pricing)
         return draft_length_policy(options.num_draft_tokens, self.verify_cost, learn_step_cost=learn_step_cost,
                                    **pricing)
-
-    def _resumed(self, policy, options: DecodeOptions):
-        """An unseeded "auto" policy starts from what the last one with the same sampling settings and drafter learned
-        on this wrapper (acceptance, declines, overheads, probe back-off), as the cost curve does: each generation
-        otherwise paid a start-up of drafts asked at the prior's acceptance (measured on the reference model, random
-        Medusa heads, sampled: 5-7 asks at the start of every 96-token generation, 0.96x of speculation off). A seed
-        plans from the prior alone (its tokens must not depend on earlier calls); greedy tokens never depend on it."""
-        if not isinstance(policy, AdaptiveDraftLength) or options.reproducible:
-            return policy
-        drafter, earlier = self._last_policies.get(options.sampling, (None, None))
-        if earlier is not None and drafter is self.drafter:
-            policy.resume(earlier)
-        self._last_policies[options.sampling] = (self.drafter, policy)
-        return policy
 
     @torch.inference_mode()
     def _decode(self, prompt, sampling, policy, generator, stop: StopCondition, recorder: StatsRecorder):

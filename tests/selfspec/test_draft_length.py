@@ -312,44 +312,6 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
     assert later_k[True] < 0.5 and later_k[False] > 6
 
 
-def test_unseeded_auto_resumes_what_the_last_call_learned():
-    """An always-wrong drafter on a scripted clock: the first call asks for drafts at the prior's acceptance before it
-    learns they fail; later unseeded calls on the same wrapper, same sampling settings, start from what it learned
-    (acceptance, the probes' back-off) and draft far less. A seeded call plans from the prior alone, so it drafts as
-    a first call does and its tokens do not depend on earlier calls; new sampling settings or a new drafter start
-    afresh. Greedy tokens are the model's throughout.
-    Catches (planted): no resuming (the second call drafts as much as the first); resuming seeded calls too (the
-    seeded call drafts less than a fresh wrapper's)."""
-    model = tiny_model("llama", seed=4)
-    prompt = random_prompt(6, seed=5)
-    continuation = model.generate(
-        prompt, max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
-    )[0]
-
-    def wrapper():
-        spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong=True))
-        scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
-        return spec
-
-    spec = wrapper()
-    greedy = [spec.generate(prompt, max_new_tokens=60, eos_token_id=[]) for _ in range(3)]
-    assert all(torch.equal(out.sequences[0], continuation) for out in greedy)
-    drafted = [out.stats.drafted for out in greedy]
-    assert drafted[0] >= 4 and drafted[1] <= drafted[0] // 2 and drafted[2] <= drafted[0] // 2, drafted
-
-    seeded = dict(max_new_tokens=60, do_sample=True, temperature=0.7, seed=11, eos_token_id=[])
-    fresh = wrapper().generate(prompt, **seeded)
-    for _ in range(2):  # after greedy calls and after an unseeded sampled one: the same draws, the same drafts
-        again = spec.generate(prompt, **seeded)
-        assert torch.equal(again.sequences, fresh.sequences) and again.stats.drafted == fresh.stats.drafted
-        spec.generate(prompt, max_new_tokens=60, do_sample=True, temperature=0.7, eos_token_id=[])
-    # Afresh: the start-up asks again (the verify-cost curve, kept per model, has learned meanwhile: not equal counts).
-    new_settings = spec.generate(prompt, max_new_tokens=60, do_sample=True, temperature=0.5, eos_token_id=[])
-    assert new_settings.stats.drafted > drafted[1] + 2, (new_settings.stats.drafted, drafted)
-    spec.drafter = _Scripted(continuation, 96, wrong=True)
-    assert spec.generate(prompt, max_new_tokens=60, eos_token_id=[]).stats.drafted > drafted[1] + 2
-
-
 class _WrongEvery:
     """Proposes the model's greedy continuation with every `period`-th position of the sequence wrong: acceptance
     that varies step by step, so "auto" asks for drafts of several sizes."""
