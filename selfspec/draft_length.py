@@ -166,10 +166,12 @@ class ProbeSchedule:
     """When to draft one token although drafting does not pay (a probe), so acceptance keeps being observed: after
     `every` steps at k=0; each probe that drafted and was rejected doubles the wait (up to `max_every`), and drafting
     on the evidence resets it. An accepted probe keeps the wait: it raises the acceptance estimates, and if they then
-    choose k > 0 that resets it."""
+    choose k > 0 that resets it; with `accepted_keeps_wait=False` it doubles the wait too, so only drafting on the
+    evidence brings the wait back (a batch's probes, which cost every row a token more, see `BatchDraftLength`)."""
 
-    def __init__(self, every: int = 8, max_every: int = 64):
+    def __init__(self, every: int = 8, max_every: int = 64, accepted_keeps_wait: bool = True):
         self.every, self.max_every = every, max(every, max_every)
+        self.accepted_keeps_wait = accepted_keeps_wait
         self.wait = every  # steps at k=0 before the next probe
         self.steps_at_zero = 0
         self.probing = False  # the k just returned is a probe
@@ -188,8 +190,8 @@ class ProbeSchedule:
 
     def observed(self, num_accepted: int) -> None:
         """The step's outcome: a probe that had nothing accepted (rejected, or declined by the drafter) doubles the
-        wait."""
-        if self.probing and not num_accepted:
+        wait; so does an accepted one unless `accepted_keeps_wait`."""
+        if self.probing and (not num_accepted or not self.accepted_keeps_wait):
             self.wait = min(2 * self.wait, self.max_every)
         self.probing = False
 
