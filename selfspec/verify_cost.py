@@ -71,22 +71,54 @@ class LearnedVerifyCost:
     verifies the same number of tokens the shape stays the start's and only the scale is learned.
     Called like a `VerifyCost`; `snapshot()` freezes it, `save()` keeps it for the next process.
 
+    A CPU's cost is not smooth in k: measured on SmolLM2 (one thread, round 8) verifying 1 / 2 / 3 / 4 drafts cost
+    1.10 / 1.18 / 1.64 / 1.73 decodes (the matrix kernel changes at 4 rows), which no rescaled smooth curve holds: the
+    fit said 1.09 at k = 3, and "auto" drafting 3 ran at 0.76x of a fixed k = 2. So each k also keeps what its own
+    forwards cost beyond the fit (a decayed mean, `residual_decay` per observation of that k, shrunk towards 0 with the
+    weight of `residual_prior` observations); the curve is fit plus residual, relative to the same at k = 0 (so
+    `decode_seconds` is the decode as measured, not the fit's intercept), and it is saved so, so the next process
+    starts from the measured shape.
+
     Defaults: decay 0.98 remembers about 50 steps (the cost drifts slowly as the context grows, while single steps
     are noisy). The ridge's weight 0.1 is a tenth of one step's evidence at one prior unit of extra cost: enough to
     fix the shape when k never varies, small next to the spread that varied k's give (50 steps over k = 0 .. 8 weigh
     about 5), so those teach the slope with a bias of about 2 % (tests/selfspec/test_verify_cost.py).
     """
 
-    def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 0.1):
+    def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 0.1,
+                 residual_decay: float = 0.9, residual_prior: float = 0.5):
         self.start, self.path = start, path
         self.decay, self.prior_weight = decay, prior_weight
+        self.residual_decay, self.residual_prior = residual_decay, residual_prior
+        # [k] decayed sums of (observed - fit) in units of the fit's intercept, and of their count, k = 0 .. MAX
+        self._residual = [0.0] * (MAX_DRAFT_TOKENS + 1)
+        self._residual_weight = [0.0] * (MAX_DRAFT_TOKENS + 1)
+        self._intercept = start.decode_seconds  # the fit's a
         self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds
         self.decode_seconds = start.decode_seconds  # a: 0 until a step has been timed
         self.scale = 1.0  # b / a
         self.num_observed = 0
 
     def __call__(self, num_draft_tokens: int) -> float:
+        """Non-decreasing in k (verifying more never costs less; residuals of noisy steps could say otherwise)."""
+        ks = range(min(num_draft_tokens, MAX_DRAFT_TOKENS) + 1)
+        value = max(self._raw(num_draft_tokens), max(self._raw(k) for k in ks))
+        return max(1.0, value / self._raw(0))
+
+    def fit(self, num_draft_tokens: int) -> float:
+        """The smooth part, in units of the fit's intercept: the start curve, rescaled."""
         return 1.0 + self.scale * (self.start(num_draft_tokens) - 1.0)
+
+    def residual(self, num_draft_tokens: int) -> float:
+        """What forwards verifying this many drafts cost beyond the fit, in units of its intercept (0 beyond the
+        curve's range, and while unobserved)."""
+        if not 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+            return 0.0
+        weight = self._residual_weight[num_draft_tokens] + self.residual_prior
+        return self._residual[num_draft_tokens] / weight
+
+    def _raw(self, num_draft_tokens: int) -> float:
+        return max(1e-3, self.fit(num_draft_tokens) + self.residual(num_draft_tokens))
 
     @property
     def relative(self) -> tuple[float, ...]:
@@ -110,7 +142,14 @@ class LearnedVerifyCost:
         a = (st * a22 - a12 * smt) / det
         b = (a11 * smt - a12 * st) / det
         if a > 0:
-            self.decode_seconds, self.scale = a, max(0.0, b / a)  # verifying more never costs less
+            self._intercept, self.scale = a, max(0.0, b / a)  # verifying more never costs less
+        k = num_draft_tokens
+        if 0 <= k <= MAX_DRAFT_TOKENS and self._intercept > 0:
+            g = self.residual_decay
+            self._residual[k] = g * self._residual[k] + seconds / self._intercept - self.fit(k)
+            self._residual_weight[k] = g * self._residual_weight[k] + 1.0
+        if self._intercept > 0:
+            self.decode_seconds = self._intercept * self._raw(0)
 
     def snapshot(self) -> VerifyCost:
         return VerifyCost(self.relative, self.decode_seconds)
