@@ -95,7 +95,7 @@ class LearnedVerifyCost:
         self._residual_weight = [0.0] * (MAX_DRAFT_TOKENS + 1)
         self._intercept = start.decode_seconds  # the fit's a
         self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds
-        self.decode_seconds = start.decode_seconds  # a: 0 until a step has been timed
+        self.decode_seconds = start.decode_seconds  # the decode as measured (fit + k = 0 residual); 0 until timed
         self.scale = 1.0  # b / a
         self.num_observed = 0
 
