@@ -98,12 +98,13 @@ class LearnedVerifyCost:
         self.decode_seconds = start.decode_seconds  # the decode as measured (fit + k = 0 residual); 0 until timed
         self.scale = 1.0  # b / a
         self.num_observed = 0
+        self._refresh()
 
     def __call__(self, num_draft_tokens: int) -> float:
         """Non-decreasing in k (verifying more never costs less; residuals of noisy steps could say otherwise)."""
-        ks = range(min(num_draft_tokens, MAX_DRAFT_TOKENS) + 1)
-        value = max(self._raw(num_draft_tokens), max(self._raw(k) for k in ks))
-        return max(1.0, value / self._raw(0))
+        if 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+            return self._relative[num_draft_tokens]
+        return max(1.0, max(self._raw(num_draft_tokens), self._highest_raw) / self._raw_decode)
 
     def fit(self, num_draft_tokens: int) -> float:
         """The smooth part, in units of the fit's intercept: the start curve, rescaled."""
@@ -120,9 +121,19 @@ class LearnedVerifyCost:
     def _raw(self, num_draft_tokens: int) -> float:
         return max(1e-3, self.fit(num_draft_tokens) + self.residual(num_draft_tokens))
 
+    def _refresh(self) -> None:
+        """Recompute the curve at k = 0 .. MAX_DRAFT_TOKENS after the fit or a residual changed (the policy reads
+        it several times a step; it changes only here)."""
+        raw = [self._raw(k) for k in range(MAX_DRAFT_TOKENS + 1)]
+        self._raw_decode, highest, relative = raw[0], 0.0, []
+        for value in raw:
+            highest = max(highest, value)
+            relative.append(max(1.0, highest / raw[0]))
+        self._highest_raw, self._relative = highest, tuple(relative)
+
     @property
     def relative(self) -> tuple[float, ...]:
-        return tuple(self(k) for k in range(MAX_DRAFT_TOKENS + 1))
+        return self._relative
 
     def observe(self, num_draft_tokens: int, seconds: float) -> None:
         """One full target forward that verified `num_draft_tokens` drafts took `seconds` (clipped to OUTLIER_RATIO x
@@ -148,8 +159,9 @@ class LearnedVerifyCost:
             g = self.residual_decay
             self._residual[k] = g * self._residual[k] + seconds / self._intercept - self.fit(k)
             self._residual_weight[k] = g * self._residual_weight[k] + 1.0
+        self._refresh()
         if self._intercept > 0:
-            self.decode_seconds = self._intercept * self._raw(0)
+            self.decode_seconds = self._intercept * self._raw_decode
 
     def snapshot(self) -> VerifyCost:
         return VerifyCost(self.relative, self.decode_seconds)
