@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from selfspec.attention_backends import without_cudnn_attention
 from selfspec.draft_length import capped_choice, draft_length_policy
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
@@ -209,7 +210,7 @@ class SelfSpecModel:
             generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
         recorder = StatsRecorder(drafter_parameter_bytes(self.drafter), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
-        return prompt, pieces, recorder.stats
+        return prompt, without_cudnn_attention(pieces, self.target.device), recorder.stats
 
     def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
         """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from
