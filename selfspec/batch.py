@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from selfspec.attention_backends import without_cudnn_attention
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
@@ -45,7 +46,6 @@ from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.verify_step import verify
-
 
 
 def is_prompt_batch(input_ids) -> bool:
@@ -119,6 +119,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         ))
     total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter))
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
+    pieces = without_cudnn_attention(pieces, target.device)
     return prompts, pieces, [row.recorder.stats for row in rows], total
 
 
