@@ -52,6 +52,11 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
 # A probe with siblings at two depths, a deeper branch and a leaf next to it: rows 0..6.
 _PROBE_PARENTS = [-1, -1, 0, 0, 2, 1]
 _PROBE_PROMPT = 3
+# Largest difference allowed between a node's tree-forward state and a plain forward's, relative to the largest
+# entry: loose enough for kernels that sum in another order, far tighter than what an ignored mask changes. Measured
+# with examples/gpu/tree_probe.py: SmolLM2 in bfloat16 on an H200 differs by up to 0.018 (1e-2 refused its trees),
+# and by 0.09-2.1 per node were the mask ignored (0.06-0.24 for the 6.8M reference model in float32); float32 by 0.
+PROBE_TOLERANCE, PROBE_TOLERANCE_16BIT = 1e-4, 5e-2
 # model -> what its probe passed with (attention implementation, sliding window, decoder, dtype, device); a model
 # wrapped again is not probed again. Keys hold the model weakly; the values hold no tensors.
 _TREE_PROBE_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -93,18 +98,18 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
             f"{name} (attn_implementation={attn!r}) rejected a custom 4D attention mask ({err}); tree drafts need "
             "attn_implementation='sdpa' or 'eager'. Use a chain draft (tree_size=None) or reload the model with one."
         ) from err
-    # Loose enough for kernels that sum in another order, far tighter than what an ignored mask changes.
-    tolerance = 1e-2 if got.dtype in (torch.float16, torch.bfloat16) else 1e-4
+    tolerance = PROBE_TOLERANCE_16BIT if got.dtype in (torch.float16, torch.bfloat16) else PROBE_TOLERANCE
     for row in range(tree.num_nodes + 1):
         path = tree.path_to(row - 1)
         ids = torch.cat([prompt, tokens[path]])
         expected = target.decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0, -1]
-        scale = expected.abs().max().clamp_min(1.0)
-        if got.shape[0] != tree.num_nodes + 1 or (got[row] - expected).abs().max() > tolerance * scale:
+        difference = float((got[row] - expected).abs().max() / expected.abs().max().clamp_min(1.0))
+        if got.shape[0] != tree.num_nodes + 1 or difference > tolerance:
             raise NotImplementedError(
                 f"{name} (attn_implementation={attn!r}) does not honour a custom 4D attention mask with position ids: "
-                "a tree forward differs from a plain forward over the same path. Tree drafts need "
-                "attn_implementation='sdpa' or 'eager'; use a chain draft (tree_size=None) otherwise."
+                f"a tree forward differs from a plain forward over the same path (by {difference:.3g} of the largest "
+                f"entry; rounding is allowed {tolerance:g}). Tree drafts need attn_implementation='sdpa' or 'eager'; "
+                "use a chain draft (tree_size=None) otherwise."
             )
 
 
