@@ -67,6 +67,11 @@ class AdaptiveDraftLength:
     it, heads that always declined (random Medusa heads when sampling) were asked at the prior's acceptance on every
     step, each ask paying the heads' forward for no token (0.89x of speculation off on the reference model, round 6).
 
+    `min_gain`: k > 0 is chosen only when expected to be at least this fraction faster than k = 0. Where verifying one
+    draft costs no more than decoding (SmolLM2 on one CPU thread: the learned curve had k = 1 at 1.00-1.03), any
+    acceptance estimate above 0 made drafting look worth it, so a useless drafter was asked on ~50 of 128 steps while
+    its estimate decayed towards 0 (random drafts: 0.87x of speculation off, round 9); 2 % stops it after ~20.
+
     Defaults (decay 0.9, prior 0.5 worth 4 observations, a probe after 8 steps at k=0, k <= 8) were chosen by
     replaying the reference model's greedy drafts (examples/draft_length_replay.py: 12 held-out prompts x 128
     tokens, n-gram and early exit at layers 1, 2, 3, this CPU's cost ratios). Against the best fixed k of each case
@@ -87,6 +92,7 @@ class AdaptiveDraftLength:
         max_probe_every: int = 64,
         draft_cost: float = 0.0,
         verified_tokens: Callable[[int], int] | None = None,
+        min_gain: float = 0.02,
     ):
         if not 0 < decay <= 1 or prior_weight <= 0 or not 0 <= prior_acceptance <= 1 or max_draft_tokens < 1:
             raise ValueError("need 0 < decay <= 1, prior_weight > 0, 0 <= prior_acceptance <= 1, max_draft_tokens >= 1")
@@ -99,6 +105,7 @@ class AdaptiveDraftLength:
         self.decay = decay
         self.learn_step_cost = learn_step_cost
         self.verified_tokens = verified_tokens or (lambda k: k)  # k -> tokens one step verifies (a tree: its nodes)
+        self.min_gain = min_gain  # drafting must be expected this much faster than k = 0 (a fraction)
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
@@ -136,7 +143,10 @@ class AdaptiveDraftLength:
         return verify + self.overhead.predict(num_draft_tokens)
 
     def choose(self) -> int:
-        k = max(range(self.max_draft_tokens + 1), key=lambda k: self.expected_tokens(k) / self.step_cost(k))
+        rates = [self.expected_tokens(k) / self.step_cost(k) for k in range(self.max_draft_tokens + 1)]
+        k = max(range(len(rates)), key=rates.__getitem__)
+        if rates[k] < (1.0 + self.min_gain) * rates[0]:  # a gain within the estimates' error: decode plainly
+            k = 0
         self._last_asked = self.probes.after(k)
         return self._last_asked
 
