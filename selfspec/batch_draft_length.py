@@ -65,11 +65,13 @@ class BatchDraftLength:
         """rows: (the row's acceptance estimates, the most drafts it may take this step) -> the width w; the
         returned w never exceeds the largest cap (it is the padded block's draft part when the drafters deliver)."""
         best, best_rate = 0, 0.0
-        for w in range(min(self.max_draft_tokens, self.widest_timed + 1) + 1):
+        widest = min(self.max_draft_tokens, self.widest_timed + 1)
+        expected = [policy.expected_tokens_up_to(widest) for policy, _ in rows]  # [row][k]
+        for w in range(widest + 1):
             ks = [max(0, min(w, cap)) for _, cap in rows]  # what each row drafts at this width
             if w and max(ks) < w:  # capped: wider asks the same of every row
                 break
-            tokens = sum(policy.expected_tokens(k) for (policy, _), k in zip(rows, ks))
+            tokens = sum(row_expected[k] for row_expected, k in zip(expected, ks))
             rate = tokens / self.step_cost(len(rows), w, sum(ks))
             if rate > best_rate:
                 best, best_rate = w, rate

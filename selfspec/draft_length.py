@@ -128,11 +128,16 @@ class AdaptiveDraftLength:
 
     def expected_tokens(self, num_draft_tokens: int) -> float:
         """Expected tokens a step emits when it asks for `num_draft_tokens` (accepted drafts + the next token)."""
-        expected, reach = 0.0, 1.0
-        for rate in self.acceptance()[:num_draft_tokens]:
+        return self.expected_tokens_up_to(num_draft_tokens)[num_draft_tokens]
+
+    def expected_tokens_up_to(self, max_draft_tokens: int) -> list[float]:
+        """[k] expected_tokens(k) for k = 0 .. max_draft_tokens, in one pass (the policy runs every step)."""
+        kept, expected, reach, tokens = 1.0 - self.decline_rate(), 0.0, 1.0, [1.0]
+        for rate in self.acceptance()[:max_draft_tokens]:
             reach *= rate
             expected += reach
-        return 1.0 + (1.0 - self.decline_rate()) * expected if num_draft_tokens else 1.0
+            tokens.append(1.0 + kept * expected)
+        return tokens + [tokens[-1]] * (max_draft_tokens + 1 - len(tokens))  # past max_draft_tokens: no more drafts
 
     def step_cost(self, num_draft_tokens: int) -> float:
         """Expected cost of a step asking for `num_draft_tokens`, in one-token decodes."""
@@ -143,7 +148,8 @@ class AdaptiveDraftLength:
         return verify + self.overhead.predict(num_draft_tokens)
 
     def choose(self) -> int:
-        rates = [self.expected_tokens(k) / self.step_cost(k) for k in range(self.max_draft_tokens + 1)]
+        tokens = self.expected_tokens_up_to(self.max_draft_tokens)
+        rates = [tokens[k] / self.step_cost(k) for k in range(self.max_draft_tokens + 1)]
         k = max(range(len(rates)), key=rates.__getitem__)
         if rates[k] < (1.0 + self.min_gain) * rates[0]:  # a gain within the estimates' error: decode plainly
             k = 0

@@ -1,5 +1,7 @@
 """Draft-length policies: the adaptive one drafts little for a useless drafter, a lot for a perfect one, recovers,
 weighs the device's verify cost, and never changes what greedy decoding returns."""
+import math
+
 import pytest
 import torch
 
@@ -215,6 +217,18 @@ def test_costly_verification_asks_for_fewer_drafts():
 
     assert k_for(GPU_LIKE) == 8 and k_for(CPU_LIKE) < 8 and k_for(STEEP) == 0
     assert AdaptiveDraftLength(CPU_LIKE).expected_tokens(0) == 1.0
+
+
+def test_expected_tokens_follow_the_acceptance_estimates_and_the_decline_rate():
+    """E(k) = 1 + (1 - declined) * sum_{i<k} prod_{j<=i} a_j, the one-pass list included; k past the policy's
+    positions adds nothing."""
+    policy = AdaptiveDraftLength(CPU_LIKE, max_draft_tokens=4, learn_step_cost=False)
+    policy.tried, policy.accepted = [10.0, 8.0, 4.0, 2.0], [8.0, 4.0, 2.0, 0.0]
+    policy.asked, policy.declined = 9.0, 3.0
+    rates, kept = policy.acceptance(), 1.0 - 3.0 / 10.0
+    by_hand = [1.0] + [1.0 + kept * sum(math.prod(rates[: i + 1]) for i in range(k)) for k in (1, 2, 3, 4)]
+    assert policy.expected_tokens_up_to(6) == pytest.approx(by_hand + by_hand[-1:] * 2, rel=1e-12)
+    assert [policy.expected_tokens(k) for k in range(7)] == policy.expected_tokens_up_to(6)
 
 
 def test_a_tree_is_priced_by_the_nodes_it_verifies():
