@@ -124,7 +124,10 @@ def main(argv=None) -> None:
           f"{torch.get_num_threads()} torch thread)")
     print(f"tokens per forward   : {stats.tokens_per_forward:.2f}  ({stats.new_tokens} tokens in {stats.target_forwards} "
           "passes of the model, prefill included; plain decoding needs one per token)")
-    print(f"acceptance           : {stats.acceptance_rate:.2f} of drafts; by draft position: {acceptance}")
+    print(f"acceptance           : {stats.accepted} of {stats.drafted} drafts; by draft position: {acceptance}")
+    if stats.target_forwards and stats.drafted < stats.target_forwards // 4:
+        print("                       (few drafts: \"auto\" expected no gain from drafting here, from this device's "
+              "measured verify cost and the acceptance seen, so it decoded plainly but for probes)")
 
 
 if __name__ == "__main__":
