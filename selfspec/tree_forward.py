@@ -98,19 +98,22 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
             f"{name} (attn_implementation={attn!r}) rejected a custom 4D attention mask ({err}); tree drafts need "
             "attn_implementation='sdpa' or 'eager'. Use a chain draft (tree_size=None) or reload the model with one."
         ) from err
+    refusal = (f"{name} (attn_implementation={attn!r}) does not honour a custom 4D attention mask with position ids: "
+               "a tree forward {how}. Tree drafts need attn_implementation='sdpa' or 'eager'; use a chain draft "
+               "(tree_size=None) otherwise.")
+    if got.shape[0] != tree.num_nodes + 1:
+        raise NotImplementedError(refusal.format(how=f"gave {got.shape[0]} states for {tree.num_nodes + 1} tokens"))
     tolerance = PROBE_TOLERANCE_16BIT if got.dtype in (torch.float16, torch.bfloat16) else PROBE_TOLERANCE
     for row in range(tree.num_nodes + 1):
         path = tree.path_to(row - 1)
         ids = torch.cat([prompt, tokens[path]])
         expected = target.decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0, -1]
         difference = float((got[row] - expected).abs().max() / expected.abs().max().clamp_min(1.0))
-        if got.shape[0] != tree.num_nodes + 1 or difference > tolerance:
-            raise NotImplementedError(
-                f"{name} (attn_implementation={attn!r}) does not honour a custom 4D attention mask with position ids: "
-                f"a tree forward differs from a plain forward over the same path (by {difference:.3g} of the largest "
-                f"entry; rounding is allowed {tolerance:g}). Tree drafts need attn_implementation='sdpa' or 'eager'; "
-                "use a chain draft (tree_size=None) otherwise."
-            )
+        if difference > tolerance:
+            raise NotImplementedError(refusal.format(
+                how=f"differs from a plain forward over the same path (by {difference:.3g} of the largest entry; "
+                f"rounding is allowed {tolerance:g})"
+            ))
 
 
 # "auto" tree size: the most nodes whose verify forward costs at most this many one-token decodes on the prior curve

@@ -82,6 +82,17 @@ def test_probe_refuses_attention_that_ignores_the_custom_mask():
         check_tree_support(target)
 
 
+def test_probe_refuses_a_tree_forward_that_returns_the_wrong_number_of_states(monkeypatch):
+    """Checked before any state is compared, so the refusal says what is wrong. Catches (planted): the count checked
+    beside the first row's difference, which refused with "differs ... by 0 of the largest entry"."""
+    import selfspec.tree_forward as module
+
+    real = module.tree_forward
+    monkeypatch.setattr(module, "tree_forward", lambda *args: real(*args)[:-2])
+    with pytest.raises(NotImplementedError, match=r"gave 5 states for 7 tokens.*'sdpa' or 'eager'"):
+        check_tree_support(wrapped("llama", "sdpa"))
+
+
 def test_probe_runs_once_per_model_and_again_when_attention_changes():
     """A wrapper built per call does not re-probe; switching the attention implementation does. Catches (planted):
     the memo removed; the memo keyed on the model alone (a later switch to a mask-ignoring kernel goes unnoticed)."""
