@@ -28,6 +28,7 @@ or "auto").
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
@@ -45,7 +46,7 @@ from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
-from selfspec.verify_step import verify
+from selfspec.verify_step import score_probe, scores_in_shadow, verify
 
 
 def is_prompt_batch(input_ids) -> bool:
@@ -74,6 +75,7 @@ class _Row:
     next_token: int = 0  # pending: chosen, not yet in the buffer or the cache
     asked: int = 0  # the drafts this step asks of the row's drafter
     unseen: list = field(default_factory=list)  # [num_new_i, hidden] states the drafter has not seen, oldest first
+    probe_rng: random.Random = field(default_factory=lambda: random.Random(0))  # scores sampled probes, as alone
 
 
 class _StepClock:
@@ -174,7 +176,8 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         for row in rows:
             row.recorder.start()
         stepped = rows
-        drafts, verdicts, emitted, verify_seconds = _step(target, cache, rows, sampling, clock, planner, batch_drafter)
+        drafts, verdicts, probes, emitted, verify_seconds = _step(target, cache, rows, sampling, clock, planner,
+                                                                  batch_drafter)
         rows = _drop_finished(rows, cache, batch_drafter)
         step_seconds = clock.tick() - started
         decode_seconds += step_seconds
@@ -183,13 +186,17 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
             planner.observe(drafted, accepted, verify_seconds, step_seconds)
         forwards, peak = forwards + 1, max(peak, cache.nbytes())
         share = cache.nbytes() // max(len(rows), 1)  # each row's part of the one cache
-        for row, draft, verdict in zip(stepped, drafts, verdicts):
+        for row, draft, verdict, probe in zip(stepped, drafts, verdicts, probes):
+            # A probe scored in shadow: the row verified nothing; its drafter and policy learn the probe's outcome.
+            drafted, accepted = (draft.num_draft_tokens, verdict.num_accepted) if probe is None else (1, int(probe))
+            if probe is not None:
+                row.recorder.probed(probe)
             row.recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, row.stop.num_emitted, share)
-            row.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+            row.drafter.observe(drafted, accepted)
             # Under the batch's width the row's policy did not choose: it is told what its drafter was asked for,
             # so a drafter that declines (Medusa below its confidence floor) is priced as declining.
             asked = {} if planner is None else {"asked": row.asked}
-            row.policy.observe(draft.num_draft_tokens, verdict.num_accepted, seconds=None, **asked)
+            row.policy.observe(drafted, accepted, seconds=None, **asked)
         yield emitted
     total_stats(total, [row.recorder.stats for row in all_rows], forwards, prefill_seconds, decode_seconds, peak)
 
@@ -217,10 +224,17 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
 def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock,
           planner: BatchDraftLength | None, batch_drafter: BatchEagleDrafter | None):
     """One decode step for every row: each row's draft, one forward over the padded blocks [pending, *drafts], each
-    row's verdict, its kept entries committed. Returns (drafts, verdicts, emitted, the verify forward's seconds)."""
+    row's verdict, its kept entries committed. Returns (drafts verified, verdicts, probes (per row: None, or whether
+    its probe scored in shadow would have been accepted), emitted, the verify forward's seconds)."""
     for row in rows:
         row.buffer[row.num_tokens], row.num_tokens = row.next_token, row.num_tokens + 1  # pending: not in the cache
     drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, batch_drafter)
+    # A probe (the planner's, or seeded, a row policy's) is scored in shadow, as decoding alone scores it: that row's
+    # block is its pending token only; `drafts` then holds what each row verifies.
+    shadow = [scores_in_shadow(planner.probing if planner is not None else getattr(row.policy, "probing", False), d)
+              for row, d in zip(rows, drafts)]
+    probe_drafts = [d if s else None for d, s in zip(drafts, shadow)]
+    drafts = [Draft.empty(d.tokens.device) if s else d for d, s in zip(drafts, shadow)]
     blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]
     verify_started = clock.tick()
     hidden_all = _forward_block(target, cache, _pad(blocks))  # [B, 1 + max k_r, hidden]
@@ -228,7 +242,14 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     target_logits = target.logits(verified).split(sizes)  # per row [k_r + 1, vocab]
     verify_seconds = clock.tick() - verify_started
-    verdicts = [verify(d, logits, sampling, row.generator) for row, d, logits in zip(rows, drafts, target_logits)]
+    verdicts, probes = [], []  # probes[r]: None, or whether row r's probe would have been accepted
+    for row, draft, probe, logits in zip(rows, drafts, probe_drafts, target_logits):
+        if probe is None:
+            verdict, accepted = verify(draft, logits, sampling, row.generator), None
+        else:
+            verdict, accepted = score_probe(probe, logits, sampling, row.generator, row.probe_rng.random())
+        verdicts.append(verdict)
+        probes.append(accepted)
     cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
     emitted = []
     for r, (row, draft, verdict) in enumerate(zip(rows, drafts, verdicts)):
@@ -240,7 +261,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
         tokens = row.stop.admit(accepted.tolist() + [verdict.next_token])
         if tokens:
             emitted.append((row.index, tokens))
-    return drafts, verdicts, emitted, verify_seconds
+    return drafts, verdicts, probes, emitted, verify_seconds
 
 
 def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[int]:

@@ -56,6 +56,14 @@ class BatchDraftLength:
         self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
         self.widest_timed = 0  # the widest block (drafts per row) a timed step has verified
 
+    @property
+    def probing(self) -> bool:
+        """The width the last choose() returned is a probe whose one-token drafts are scored in shadow against plain
+        decoding's forward (`verify_step.score_probe`), so it does not widen the batch's forward; not before a step
+        of width >= 1 was timed (until then a probe is verified for real: it is how this batch's cost curve learns
+        what a wider forward costs)."""
+        return self.probes.probing and self.widest_timed >= 1
+
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""
         forward = self.cost_curve(num_rows * (1 + width) - 1)

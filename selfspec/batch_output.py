@@ -69,6 +69,8 @@ def total_stats(total: GenerationStats, rows: list[GenerationStats], target_forw
     total.new_tokens = sum(s.new_tokens for s in rows)
     total.drafted = sum(s.drafted for s in rows)
     total.accepted = sum(s.accepted for s in rows)
+    total.probed = sum(s.probed for s in rows)
+    total.probes_accepted = sum(s.probes_accepted for s in rows)
     width = max((len(s.drafted_by_position) for s in rows), default=0)
     total.drafted_by_position = [sum(s.drafted_by_position[i] for s in rows if i < len(s.drafted_by_position))
                                  for i in range(width)]

@@ -122,6 +122,17 @@ class AdaptiveDraftLength:
             rates.append(prior)
         return rates
 
+    @property
+    def probing(self) -> bool:
+        """The k the last choose() returned is a probe (one draft although drafting did not pay on the evidence) that
+        the engine may score in shadow, against plain decoding's forward, instead of verifying it (no wider forward,
+        `verify_step.verify_in_shadow`); `observe` learns its outcome either way. Not while the cost curve has still
+        to time a forward verifying one draft (`LearnedVerifyCost.knows`): such probes are verified for real, so a
+        pessimistic start curve is corrected (a fixed curve, e.g. the prior of reproducible sampling, learns
+        nothing from timings: its probes are always scored in shadow)."""
+        knows = getattr(self.cost_curve, "knows", None)
+        return self.probes.probing and (knows is None or knows(1))
+
     def decline_rate(self) -> float:
         """Estimated P(the drafter proposes nothing | asked for k > 0); a prior worth one step at 0."""
         return self.declined / (self.asked + 1.0)

@@ -5,6 +5,7 @@ draft-length policy, the verify-cost curve, the stats recorder and each drafter 
 """
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from selfspec.target import TargetModel
 from selfspec.tree_forward import check_tree_drafting, resolve_tree_size
 from selfspec.verifier import Verdict
 from selfspec.verify_cost import LearnedVerifyCost, learned_verify_cost, prior_verify_cost
-from selfspec.verify_step import verify_chain, verify_tree
+from selfspec.verify_step import scores_in_shadow, verify_chain, verify_in_shadow, verify_tree
 
 # "auto": the number of draft tokens is chosen each step from the drafts' recent acceptance and this device's cost of
 # verifying them, so it falls to 0 (plain decoding through the engine) when drafts do not pay and comes back when they
@@ -231,6 +232,7 @@ class SelfSpecModel:
         target, cache, clock = self.target, self.target.new_cache(), recorder.clock
         buffer = prompt.new_empty(prompt.shape[0] + stop.max_new_tokens)  # [tokens]: committed ids, then the pending one
         buffer[: prompt.shape[0]] = prompt
+        probe_rng = random.Random(0)  # scores sampled probes in shadow; never the user's generator
         recorder.start()
         hidden = target.forward(prompt, cache)  # [T, hidden]; the last row predicts the first new token
         unseen = [hidden]  # [num_new_i, hidden] pieces of final states the drafter has not seen yet, oldest first
@@ -247,7 +249,8 @@ class SelfSpecModel:
             draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache)
             verify_started = clock()
             # The cache ends holding pending + accepted; kept_hidden [num_accepted + 1, hidden] are their final states.
-            verdict, accepted, kept_hidden = self._verify_step(draft, buffer, num_tokens, cache, sampling, generator)
+            verdict, accepted, kept_hidden, probe = self._verify_step(
+                policy, draft, buffer, num_tokens, cache, sampling, generator, probe_rng)
             verify_seconds = clock() - verify_started
             buffer[num_tokens : num_tokens + verdict.num_accepted] = accepted
             num_tokens += verdict.num_accepted
@@ -255,10 +258,13 @@ class SelfSpecModel:
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
+            if probe is not None:  # a probe scored in shadow: the step verified nothing
+                recorder.probed(probe)
+                draft = Draft.empty(draft.tokens.device)
             depth = draft.depth  # positions the step could accept: a chain's length, a tree's deepest level
             seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes(),
                                        depth)
-            self._observe(policy, draft, depth, verdict, seconds, verify_seconds)
+            self._observe(policy, draft, depth, verdict, seconds, verify_seconds, probe)
             yield emitted
         if self._verify_cost is not None:
             self._verify_cost.save()
@@ -275,29 +281,41 @@ class SelfSpecModel:
         )
         return self.drafter.propose(context), []
 
-    def _verify_step(self, draft: Draft, buffer, num_tokens: int, cache, sampling, generator):
+    def _verify_step(self, policy, draft: Draft, buffer, num_tokens: int, cache, sampling, generator, probe_rng):
         """Verify the draft after the pending token buffer[num_tokens - 1] in one target forward and cut the cache to
-        pending + accepted -> (verdict, [num_accepted] accepted tokens, [num_accepted + 1, hidden] their states)."""
+        pending + accepted -> (verdict, [num_accepted] accepted tokens, [num_accepted + 1, hidden] their states,
+        probe): probe is None, or for a probe scored in shadow (`scores_in_shadow`) whether the verifier would have
+        accepted it (the step itself is then plain decoding's)."""
         pending = buffer[num_tokens - 1 : num_tokens]  # [1]
+        if scores_in_shadow(getattr(policy, "probing", False), draft):  # a probe: plain decoding's step, scored
+            return verify_in_shadow(self.target, pending, draft, cache, sampling, generator, probe_rng.random())
         if draft.parents is None:
-            return verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator)
+            return *verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator), None
         if not self.tree_size:
             raise ValueError(
                 "the drafter proposed a tree (Draft.parents) but this SelfSpecModel was wrapped without tree_size, so "
                 "the model was not checked for tree drafts: pass tree_size=... to SelfSpecModel"
             )
-        return verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator)
+        return *verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator), None
 
     def _observe(self, policy, draft: Draft, depth: int, verdict: Verdict, seconds: float,
-                 verify_seconds: float) -> None:
-        """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve."""
-        self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+                 verify_seconds: float, probe: bool | None = None) -> None:
+        """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve. probe: the
+        outcome of a probe scored in shadow (`draft` is then what the step verified: nothing); the drafter and the
+        policy learn it as a one-token draft's, and the step's time, a plain decode's, teaches neither."""
+        if probe is not None:
+            self.drafter.observe(1, int(probe))
+            policy.observe(1, int(probe), seconds=None)
+            seconds = None
+        else:
+            self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
         # The first forward of each draft size is a warm-up, not a measurement: on a GPU it loads and selects kernels
         # (reference model on an H200: bfloat16 70-1200 ms, float32 up to 87 ms, against 8 and 5 ms after).
         first_of_shape = draft.num_draft_tokens not in self._timed_shapes
         self._timed_shapes.add(draft.num_draft_tokens)
         # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (its nodes).
-        policy.observe(depth, verdict.num_accepted, seconds=None if first_of_shape else seconds)
+        if probe is None:
+            policy.observe(depth, verdict.num_accepted, seconds=None if first_of_shape else seconds)
         if self._verify_cost is not None and draft.prefilled_layers == 0 and not first_of_shape:
             self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)  # a full forward verified these drafts
 

@@ -16,6 +16,10 @@ class GenerationStats:
     target_forwards: int = 0  # full-model forwards, prefill included
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens the verifier kept
+    # Probes scored in shadow (`verify_step.verify_in_shadow`): one-token drafts "auto" scored against plain
+    # decoding's forward instead of verifying them; not in drafted / accepted (tokens verified).
+    probed: int = 0
+    probes_accepted: int = 0  # of those, how many the verifier would have accepted
     drafted_by_position: list[int] = field(default_factory=list)  # [i]: steps that proposed a draft token at position i
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: of those, how many were accepted
     prefill_seconds: float = 0.0
@@ -89,6 +93,11 @@ class StatsRecorder:
         self.stats.prefill_seconds += seconds
         self._emitted(num_emitted, cache_bytes)
         return seconds
+
+    def probed(self, accepted: bool) -> None:
+        """The step scored a probe in shadow (before `stepped`, which records the step itself)."""
+        self.stats.probed += 1
+        self.stats.probes_accepted += int(accepted)
 
     def stepped(self, num_drafted: int, num_accepted: int, num_emitted: int, cache_bytes: int,
                 num_positions: int | None = None) -> float:

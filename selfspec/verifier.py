@@ -59,6 +59,16 @@ def verify_sampled(
     return Verdict(num_draft_tokens, int(sample_from(target_probs[num_draft_tokens], generator)))
 
 
+def probe_accepted(draft_token: int, draft_prob: float, target_row: torch.Tensor, uniform: float) -> bool:
+    """Whether the sampled verifier would accept one draft token, without verifying it: u < p / q, as
+    `verify_sampled` decides its first draft (here with `uniform` given, not drawn from the user's generator).
+
+    draft_prob: the draft's probability of its token (1.0 for a point mass); target_row: [vocab] the target's warped
+    probabilities at the draft's position. A probe scored in shadow (`verify_step.verify_in_shadow`) is thus accepted
+    with exactly the probability min(1, p / q) the real verifier would accept it with."""
+    return uniform * draft_prob < float(target_row[draft_token])
+
+
 def _residual(target_row: torch.Tensor, draft_probs: torch.Tensor | None, row: int, token: int) -> torch.Tensor:
     """norm(max(0, target - draft)) after draft `row` (token `token`) was rejected."""
     if draft_probs is None:

@@ -26,6 +26,9 @@ MAX_DRAFT_TOKENS = 8  # the curve is kept for k = 0 .. 8 and extrapolated linear
 # dear for many steps after (tests/selfspec/test_draft_length.py). A cost that really is higher is still learned:
 # each step can raise the estimate 3x, so a few steps reach it.
 OUTLIER_RATIO = 3.0
+# Timed forwards of one draft size after which its cost counts as known (`LearnedVerifyCost.knows`); the count kept is
+# capped (MAX_TIMED) so a kept file stays small and old evidence does not read as more than it is.
+KNOWN_AFTER, MAX_TIMED = 2, 100
 
 
 def clipped(observed: float, predicted: float) -> float:
@@ -40,6 +43,7 @@ class VerifyCost:
 
     relative: tuple[float, ...]
     decode_seconds: float = 0.0  # the one-token decode the ratios are relative to (0 when not measured)
+    timed: tuple[int, ...] = ()  # [k] timed forwards behind relative[k] (kept curves; () when unknown)
 
     def __call__(self, num_draft_tokens: int) -> float:
         last = len(self.relative) - 1
@@ -98,6 +102,8 @@ class LearnedVerifyCost:
         self.decode_seconds = start.decode_seconds  # the decode as measured (fit + k = 0 residual); 0 until timed
         self.scale = 1.0  # b / a
         self.num_observed = 0
+        # [k] timed forwards that verified k drafts, here and in the processes that kept the start curve
+        self.timed = [start.timed[k] if k < len(start.timed) else 0 for k in range(MAX_DRAFT_TOKENS + 1)]
         self._refresh()
 
     def __call__(self, num_draft_tokens: int) -> float:
@@ -105,6 +111,12 @@ class LearnedVerifyCost:
         if 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
             return self._relative[num_draft_tokens]
         return max(1.0, max(self._raw(num_draft_tokens), self._highest_raw) / self._raw_decode)
+
+    def knows(self, num_draft_tokens: int) -> bool:
+        """Whether the cost of verifying this many drafts was timed (KNOWN_AFTER forwards, in this process or in those
+        that kept the curve), not only extrapolated from the start curve's shape. "auto" verifies its probes for real
+        until the cost of one draft is known, so that a pessimistic prior is corrected by measurement."""
+        return 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS and self.timed[num_draft_tokens] >= KNOWN_AFTER
 
     def fit(self, num_draft_tokens: int) -> float:
         """The smooth part, in units of the fit's intercept: the start curve, rescaled."""
@@ -143,6 +155,8 @@ class LearnedVerifyCost:
         for i, value in enumerate((1.0, m, m * m, seconds, m * seconds)):
             self.sums[i] = g * self.sums[i] + value
         self.num_observed += 1
+        if 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+            self.timed[num_draft_tokens] = min(self.timed[num_draft_tokens] + 1, MAX_TIMED)
         n, sm, smm, st, smt = self.sums
         w = self.prior_weight
         # Normal equations of sum (t - a - b m)^2 + w (b - a)^2 over (a, b).
@@ -164,13 +178,14 @@ class LearnedVerifyCost:
             self.decode_seconds = self._intercept * self._raw_decode
 
     def snapshot(self) -> VerifyCost:
-        return VerifyCost(self.relative, self.decode_seconds)
+        return VerifyCost(self.relative, self.decode_seconds, tuple(self.timed))
 
     def save(self) -> None:
         """Keep the curve for later processes (nothing to keep before a step was timed, or without a path)."""
         if self.path is None or not self.num_observed:
             return
-        _write_json(self.path, {"relative": list(self.relative), "decode_seconds": self.decode_seconds})
+        _write_json(self.path, {"relative": list(self.relative), "decode_seconds": self.decode_seconds,
+                                "timed": self.timed})
 
 
 def learned_verify_cost(target, tree: bool = False) -> LearnedVerifyCost:
@@ -213,11 +228,12 @@ def _read_curve(path: Path) -> VerifyCost | None:
         raw = json.loads(path.read_text())
         relative = tuple(float(c) for c in raw["relative"])
         decode_seconds = float(raw["decode_seconds"])
-    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable or from another version: start over
+        timed = tuple(int(n) for n in raw.get("timed", ()))  # (kept before round 11: none known)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # absent, unreadable or from another version: start over
         return None
     if len(relative) < 2 or relative[0] != 1.0 or any(c < 1.0 for c in relative):
         return None
-    return VerifyCost(relative, decode_seconds)
+    return VerifyCost(relative, decode_seconds, timed)
 
 
 def _write_json(path: Path, content: dict) -> None:

@@ -13,7 +13,7 @@ from selfspec.tree import DraftTree
 from selfspec.tree_cache import keep_path, path_offsets
 from selfspec.tree_forward import tree_forward
 from selfspec.tree_verifier import verify_tree_greedy, verify_tree_sampled
-from selfspec.verifier import Verdict, verify_greedy, verify_sampled
+from selfspec.verifier import Verdict, probe_accepted, verify_greedy, verify_sampled
 
 
 def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
@@ -30,6 +30,41 @@ def verify_chain(target, pending, draft: Draft, num_tokens: int, cache, sampling
     verdict = verify(draft, target.logits(hidden_all), sampling, generator)
     cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
     return verdict, draft.tokens[: verdict.num_accepted], hidden_all[: verdict.num_accepted + 1]
+
+
+def scores_in_shadow(probing: bool, draft: Draft) -> bool:
+    """Whether a step scores its draft in shadow (`verify_in_shadow`) rather than verifying it: when the draft-length
+    policy says the draft is a probe (one token drafted although drafting does not pay, to keep observing acceptance)
+    and it is a chain of one token that ran no part of the model (early exit's draft already wrote its first layers'
+    cache entries, so it is verified where they end; a tree's siblings need the tree verifier)."""
+    return probing and draft.num_draft_tokens == 1 and draft.parents is None and draft.prefilled_layers == 0
+
+
+def score_probe(probe: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator,
+                uniform: float) -> tuple[Verdict, bool]:
+    """target_logits [1, vocab]: the target's scores after the pending token, from a forward over it alone ->
+    (plain decoding's verdict: no draft accepted, the next token drawn exactly as a step without drafts draws it, from
+    `generator`; whether the verifier would have accepted the probe's one token: greedy, it is the argmax; sampled,
+    u < p / q with u = `uniform`, never a draw from the user's generator)."""
+    token = int(probe.tokens[0])
+    if sampling.greedy:
+        verdict = verify_greedy(probe.tokens[:0], target_logits)
+        return verdict, token == verdict.next_token
+    target_probs = WarpedRows(target_logits, sampling)  # row 0 is warped once, for the draw and for the score
+    verdict = verify_sampled(probe.tokens[:0], None, target_probs, generator)
+    draft_prob = 1.0 if probe.probs is None else float(probe.probs[0, token])
+    return verdict, probe_accepted(token, draft_prob, target_probs[0], uniform)
+
+
+def verify_in_shadow(target, pending, probe: Draft, cache, sampling, generator, uniform: float):
+    """A one-token probe scored for free: the forward runs over the pending token alone, so the step is exactly plain
+    decoding's (same forward, same next token, same draws from `generator`), and the probe is scored against the
+    distribution that forward computed anyway (`score_probe`). A probe verified for real costs a wider forward
+    (SmolLM2 on an AMD EPYC: 1.6-1.7 decodes against 1) for a draft "auto" expects to be rejected.
+    -> (verdict, [0] accepted, [1, hidden] the pending token's state, whether the probe would have been accepted)."""
+    hidden = target.forward(pending, cache)  # [1, hidden]: plain decoding's forward (nothing to roll back after it)
+    verdict, accepted = score_probe(probe, target.logits(hidden), sampling, generator, uniform)
+    return verdict, probe.tokens[:0], hidden, accepted
 
 
 def verify_tree(target, pending, tree: DraftTree, num_tokens: int, cache, sampling, generator):
