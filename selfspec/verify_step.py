@@ -1,6 +1,8 @@
 """One verification step: the target's forward over the pending token and the draft (a chain, or a tree with its
 4D mask), the exact verdict, and the cache cut back to what was accepted (rollback by length for a chain; the
-accepted path moved into place for a tree). The decode loop and the batched loop both verify through `verify`.
+accepted path moved into place for a tree); and a probe scored in shadow (`verify_in_shadow`, `score_probe`): plain
+decoding's step, with the probe's token scored against it. The decode loop and the batched loop both verify through
+`verify` and score probes through `score_probe`.
 Knows the target, the cache and the verifiers; nothing about drafters or stopping.
 """
 from __future__ import annotations
