@@ -303,18 +303,16 @@ class SelfSpecModel:
         """Feed a step's outcome back to the drafter, the draft-length policy and the verify-cost curve. probe: the
         outcome of a probe scored in shadow (`draft` is then what the step verified: nothing); the drafter and the
         policy learn it as a one-token draft's, and the step's time, a plain decode's, teaches neither."""
-        if probe is not None:
-            self.drafter.observe(1, int(probe))
-            policy.observe(1, int(probe), seconds=None)
-            seconds = None
-        else:
-            self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
         # The first forward of each draft size is a warm-up, not a measurement: on a GPU it loads and selects kernels
         # (reference model on an H200: bfloat16 70-1200 ms, float32 up to 87 ms, against 8 and 5 ms after).
         first_of_shape = draft.num_draft_tokens not in self._timed_shapes
         self._timed_shapes.add(draft.num_draft_tokens)
-        # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (its nodes).
-        if probe is None:
+        if probe is not None:
+            self.drafter.observe(1, int(probe))
+            policy.observe(1, int(probe), seconds=None)
+        else:
+            self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
+            # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (nodes).
             policy.observe(depth, verdict.num_accepted, seconds=None if first_of_shape else seconds)
         if self._verify_cost is not None and draft.prefilled_layers == 0 and not first_of_shape:
             self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)  # a full forward verified these drafts
