@@ -208,3 +208,36 @@ def test_a_batch_probe_is_verified_for_real_until_a_wider_forward_was_timed():
         if widths[-1]:
             assert planner.probing is (len([w for w in widths if w]) > 1)  # the first probe times width 1
         planner.observe([widths[-1]] * 4, 0, 0.01, 0.01)
+
+
+class AlternatingProbe:
+    """Probes (one token, scored in shadow) on every other step, real drafts of 2 in between."""
+
+    def __init__(self):
+        self.steps = 0
+        self.probing = False
+
+    def choose(self) -> int:
+        self.steps += 1
+        self.probing = self.steps % 2 == 1
+        return 1 if self.probing else 2
+
+    def observe(self, num_drafted, num_accepted, seconds=None):
+        pass
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle"])
+def test_heads_drafting_between_shadow_probes_stay_exact(drafter):
+    """A probe scored in shadow leaves the drafter's state as a rejected draft would (EAGLE keeps its own cache of the
+    head's keys and values; both drafters catch up on the states committed since their last proposal): greedy output
+    stays the model's own, with real drafts accepted and rejected between the probes."""
+    from tests.selfspec.exercised import assert_exercised, greedy_sequences
+    from tests.selfspec.test_batch import engine, prompts_of_different_lengths
+
+    spec = engine("llama", drafter)
+    for prompt in prompts_of_different_lengths()[:2]:
+        out = spec.generate(prompt, max_new_tokens=30, num_draft_tokens=AlternatingProbe(), eos_token_id=[])
+        (expected,) = greedy_sequences(spec.model, [prompt[None]], 30)
+        assert torch.equal(out.sequences[0], expected)
+        assert out.stats.probed > 0
+        assert_exercised(out.stats, what=f"{drafter} between shadow probes")
