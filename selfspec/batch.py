@@ -38,7 +38,7 @@ from selfspec.attention_backends import without_cudnn_attention
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
-from selfspec.draft_length import capped_choice
+from selfspec.draft_length import capped_choice, probe_in_shadow
 from selfspec.drafters import drafter_parameter_bytes
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
@@ -46,7 +46,7 @@ from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
-from selfspec.verify_step import score_probe, scores_in_shadow, verify
+from selfspec.verify_step import score_probe, verify
 
 
 def is_prompt_batch(input_ids) -> bool:
@@ -231,8 +231,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, batch_drafter)
     # A probe (the planner's, or seeded, a row policy's) is scored in shadow, as decoding alone scores it: that row's
     # block is its pending token only; `drafts` then holds what each row verifies.
-    shadow = [scores_in_shadow(planner.probing if planner is not None else getattr(row.policy, "probing", False), d)
-              for row, d in zip(rows, drafts)]
+    shadow = [probe_in_shadow(planner if planner is not None else row.policy, d) for row, d in zip(rows, drafts)]
     probe_drafts = [d if s else None for d, s in zip(drafts, shadow)]
     drafts = [Draft.empty(d.tokens.device) if s else d for d, s in zip(drafts, shadow)]
     blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]

@@ -56,12 +56,12 @@ class BatchDraftLength:
         self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
         self.widest_timed = 0  # the widest block (drafts per row) a timed step has verified
 
-    @property
-    def probing(self) -> bool:
-        """The width the last choose() returned is a probe whose one-token drafts are scored in shadow against plain
-        decoding's forward (`verify_step.score_probe`), so it does not widen the batch's forward; not before a step
-        of width >= 1 was timed (until then a probe is verified for real: it is how this batch's cost curve learns
-        what a wider forward costs)."""
+    def probe_in_shadow(self, full_forward: bool = True) -> bool:
+        """Whether the width the last choose() returned is a probe whose one-token drafts are scored in shadow
+        against plain decoding's forward (`verify_step.score_probe`), so it does not widen the batch's forward; not
+        before a step of width >= 1 was timed (until then a probe is verified for real: it is how this batch's cost
+        curve learns what a wider forward costs). Batches verify full forwards only (`full_forward` is for the
+        policies' common signature)."""
         return self.probes.probing and self.widest_timed >= 1
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:

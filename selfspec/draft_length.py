@@ -122,16 +122,16 @@ class AdaptiveDraftLength:
             rates.append(prior)
         return rates
 
-    @property
-    def probing(self) -> bool:
-        """The k the last choose() returned is a probe (one draft although drafting did not pay on the evidence) that
-        the engine may score in shadow, against plain decoding's forward, instead of verifying it (no wider forward,
-        `verify_step.verify_in_shadow`); `observe` learns its outcome either way. Not while the cost curve has still
-        to time a forward verifying one draft (`LearnedVerifyCost.knows`): such probes are verified for real, so a
-        pessimistic start curve is corrected (a fixed curve, e.g. the prior of reproducible sampling, learns
-        nothing from timings: its probes are always scored in shadow)."""
+    def probe_in_shadow(self, full_forward: bool = True) -> bool:
+        """Whether the k the last choose() returned is a probe (one draft although drafting did not pay on the
+        evidence) for the engine to score in shadow, against plain decoding's forward, instead of verifying it (no
+        wider forward, `verify_step.verify_in_shadow`); `observe` learns its outcome either way. full_forward: its
+        real verification would be a full forward, the kind that teaches the cost curve; then not while the curve
+        has still to time a forward verifying one draft (`LearnedVerifyCost.knows`), so a pessimistic start curve is
+        corrected. An early-exit draft's verification resumes after its layers and teaches the curve nothing, and a
+        fixed curve (the prior of reproducible sampling) learns nothing from timings: their probes always are."""
         knows = getattr(self.cost_curve, "knows", None)
-        return self.probes.probing and (knows is None or knows(1))
+        return self.probes.probing and (not full_forward or knows is None or knows(1))
 
     def decline_rate(self) -> float:
         """Estimated P(the drafter proposes nothing | asked for k > 0); a prior worth one step at 0."""
@@ -252,6 +252,16 @@ class StepOverhead:
         if per_step < 0:
             per_step, per_token = 0.0, max(0.0, (self.dr + self.ridge * t0) / dd)
         self.per_step, self.per_token = max(0.0, per_step), per_token
+
+
+def probe_in_shadow(policy, draft) -> bool:
+    """Whether a step scores its draft in shadow (`verify_step.verify_in_shadow`) rather than verifying it: a chain of
+    one token (a tree's siblings need the tree verifier) that the policy calls a probe to score so
+    (`probe_in_shadow(full_forward)`; a policy without the method never probes)."""
+    if draft.num_draft_tokens != 1 or draft.parents is not None:
+        return False
+    ask = getattr(policy, "probe_in_shadow", None)
+    return ask is not None and ask(full_forward=draft.prefilled_layers == 0)
 
 
 def capped_choice(policy, budget: int) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.attention_backends import without_cudnn_attention
-from selfspec.draft_length import capped_choice, draft_length_policy
+from selfspec.draft_length import capped_choice, draft_length_policy, probe_in_shadow
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
@@ -25,7 +25,7 @@ from selfspec.target import TargetModel
 from selfspec.tree_forward import check_tree_drafting, resolve_tree_size
 from selfspec.verifier import Verdict
 from selfspec.verify_cost import LearnedVerifyCost, learned_verify_cost, prior_verify_cost
-from selfspec.verify_step import scores_in_shadow, verify_chain, verify_in_shadow, verify_tree
+from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
 
 # "auto": the number of draft tokens is chosen each step from the drafts' recent acceptance and this device's cost of
 # verifying them, so it falls to 0 (plain decoding through the engine) when drafts do not pay and comes back when they
@@ -284,11 +284,12 @@ class SelfSpecModel:
     def _verify_step(self, policy, draft: Draft, buffer, num_tokens: int, cache, sampling, generator, probe_rng):
         """Verify the draft after the pending token buffer[num_tokens - 1] in one target forward and cut the cache to
         pending + accepted -> (verdict, [num_accepted] accepted tokens, [num_accepted + 1, hidden] their states,
-        probe): probe is None, or for a probe scored in shadow (`scores_in_shadow`) whether the verifier would have
+        probe): probe is None, or for a probe scored in shadow (`probe_in_shadow`) whether the verifier would have
         accepted it (the step itself is then plain decoding's)."""
         pending = buffer[num_tokens - 1 : num_tokens]  # [1]
-        if scores_in_shadow(getattr(policy, "probing", False), draft):  # a probe: plain decoding's step, scored
-            return verify_in_shadow(self.target, pending, draft, cache, sampling, generator, probe_rng.random())
+        if probe_in_shadow(policy, draft):  # a probe: plain decoding's step, the probe scored against it
+            return verify_in_shadow(self.target, pending, draft, num_tokens, cache, sampling, generator,
+                                    probe_rng.random())
         if draft.parents is None:
             return *verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator), None
         if not self.tree_size:

@@ -34,14 +34,6 @@ def verify_chain(target, pending, draft: Draft, num_tokens: int, cache, sampling
     return verdict, draft.tokens[: verdict.num_accepted], hidden_all[: verdict.num_accepted + 1]
 
 
-def scores_in_shadow(probing: bool, draft: Draft) -> bool:
-    """Whether a step scores its draft in shadow (`verify_in_shadow`) rather than verifying it: when the draft-length
-    policy says the draft is a probe (one token drafted although drafting does not pay, to keep observing acceptance)
-    and it is a chain of one token that ran no part of the model (early exit's draft already wrote its first layers'
-    cache entries, so it is verified where they end; a tree's siblings need the tree verifier)."""
-    return probing and draft.num_draft_tokens == 1 and draft.parents is None and draft.prefilled_layers == 0
-
-
 def score_probe(probe: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator,
                 uniform: float) -> tuple[Verdict, bool]:
     """target_logits [1, vocab]: the target's scores after the pending token, from a forward over it alone ->
@@ -58,13 +50,18 @@ def score_probe(probe: Draft, target_logits: torch.Tensor, sampling: SamplingCon
     return verdict, probe_accepted(token, draft_prob, target_probs[0], uniform)
 
 
-def verify_in_shadow(target, pending, probe: Draft, cache, sampling, generator, uniform: float):
+def verify_in_shadow(target, pending, probe: Draft, num_tokens: int, cache, sampling, generator, uniform: float):
     """A one-token probe scored for free: the forward runs over the pending token alone, so the step is exactly plain
     decoding's (same forward, same next token, same draws from `generator`), and the probe is scored against the
     distribution that forward computed anyway (`score_probe`). A probe verified for real costs a wider forward
-    (SmolLM2 on an AMD EPYC: 1.6-1.7 decodes against 1) for a draft "auto" expects to be rejected.
+    (SmolLM2 on an AMD EPYC: 1.6-1.7 decodes against 1) for a draft "auto" expects to be rejected. An early-exit
+    probe already ran the first layers over the pending token and its own: the forward resumes after them for the
+    pending token, and the probe token's entries in those layers are cut.
     -> (verdict, [0] accepted, [1, hidden] the pending token's state, whether the probe would have been accepted)."""
-    hidden = target.forward(pending, cache)  # [1, hidden]: plain decoding's forward (nothing to roll back after it)
+    start_hidden = None if probe.prefilled_hidden is None else probe.prefilled_hidden[:1]  # the pending token's
+    hidden = target.forward(pending, cache, probe.prefilled_layers, start_hidden)  # [1, hidden]
+    if probe.prefilled_layers:
+        cache.rollback(num_tokens)  # committed + pending; drops the probe token from the first layers
     verdict, accepted = score_probe(probe, target.logits(hidden), sampling, generator, uniform)
     return verdict, probe.tokens[:0], hidden, accepted
 

@@ -276,6 +276,8 @@ def test_auto_keeps_greedy_identity(drafter, options):
         prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
     )
     spec = SelfSpecModel(model, drafter=drafter, **options)
+    if drafter == "early_exit":  # priced as free, so "auto" drafts for real (its probes are scored in shadow)
+        spec.drafter.draft_cost = 0.0
     scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
     out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens="auto", eos_token_id=[])
     assert torch.equal(out.sequences, expected)
