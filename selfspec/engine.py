@@ -258,9 +258,9 @@ class SelfSpecModel:
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
-            if probe is not None:  # a probe scored in shadow: the step verified nothing
-                recorder.probed(probe)
-                draft = Draft.empty(draft.tokens.device)
+            if probe is not None:  # a probe scored in shadow: the step verified nothing (after an early-exit probe's
+                recorder.probed(probe)  # layers, if any: then not a full forward, which the cost curve must not learn)
+                draft = Draft(draft.tokens[:0], prefilled_layers=draft.prefilled_layers)
             depth = draft.depth  # positions the step could accept: a chain's length, a tree's deepest level
             seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes(),
                                        depth)

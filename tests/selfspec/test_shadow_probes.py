@@ -133,10 +133,14 @@ def test_an_early_exit_probe_is_scored_in_shadow_and_its_first_layers_entries_cu
     step resumes after them for the pending token alone and cuts the probe token's entries, so every later step sees
     the cache plain decoding would have: greedy output is the model's own. (Sampled, the drafter draws its probe
     from the user's generator, as any sampling drafter does, so its tokens are not speculation-off's: same law.)
-    Catches (planted): the probe token's first-layer entries kept (later tokens differ)."""
+    Its steps resume after the drafted layers, so none is the full forward the cost curve learns from.
+    Catches (planted): the probe token's first-layer entries kept (later tokens differ); such a step taught to the
+    curve as a plain decode."""
     model, prompt = tiny_model("llama", seed=5, num_layers=4), random_prompt(10, seed=6)
     spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
+    curve = spec.verify_cost()
     out = spec.generate(prompt, max_new_tokens=16, num_draft_tokens=AlwaysProbe(), eos_token_id=[])
+    assert curve.num_observed == 1  # only the last step: a plain decode (no budget left for a probe)
     assert torch.equal(out.sequences, greedy_reference(model, prompt, 16))
     assert out.stats.drafted == 0 and out.stats.probed == 14 and out.stats.target_forwards == 16
     assert 0 < out.stats.probes_accepted < out.stats.probed  # its early exit agrees with the model now and then
@@ -161,8 +165,8 @@ def test_auto_comes_back_to_drafting_through_accepted_shadow_probes():
 
 def test_probes_are_verified_for_real_until_the_cost_of_one_draft_was_timed():
     """A learned curve that has not timed a forward verifying one draft must learn it from real probes (a pessimistic
-    prior is otherwise never corrected): probe_in_shadow is True only once it knows k = 1 (two timed forwards), and a fixed
-    curve (the prior of reproducible sampling, which learns nothing from timings) always scores in shadow.
+    prior is otherwise never corrected): probe_in_shadow is True only once it knows k = 1 (two timed forwards), and
+    a fixed curve (the prior of reproducible sampling, which learns nothing from timings) always scores in shadow.
     Catches (planted): probes scored in shadow from the start (True at the first probe)."""
     learned = LearnedVerifyCost(prior_verify_cost(torch.device("cpu")), path=None)
     policy = AdaptiveDraftLength(learned, learn_step_cost=False, prior_acceptance=0.0)
