@@ -231,9 +231,9 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, batch_drafter)
     # A probe (the planner's, or seeded, a row policy's) is scored in shadow, as decoding alone scores it: that row's
     # block is its pending token only; `drafts` then holds what each row verifies.
-    shadow = [probe_in_shadow(planner if planner is not None else row.policy, d) for row, d in zip(rows, drafts)]
-    probe_drafts = [d if s else None for d, s in zip(drafts, shadow)]
-    drafts = [Draft.empty(d.tokens.device) if s else d for d, s in zip(drafts, shadow)]
+    probe_drafts = [d if probe_in_shadow(planner if planner is not None else row.policy, d) else None
+                    for row, d in zip(rows, drafts)]
+    drafts = [d if p is None else Draft.empty(d.tokens.device) for d, p in zip(drafts, probe_drafts)]
     blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]
     verify_started = clock.tick()
     hidden_all = _forward_block(target, cache, _pad(blocks))  # [B, 1 + max k_r, hidden]

@@ -229,8 +229,8 @@ def _read_curve(path: Path) -> VerifyCost | None:
         relative = tuple(float(c) for c in raw["relative"])
         decode_seconds = float(raw["decode_seconds"])
         timed = tuple(int(n) for n in raw.get("timed", ()))  # (kept before round 11: none known)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # absent, unreadable or from another version: start over
-        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # absent, unreadable or from another version: start over
     if len(relative) < 2 or relative[0] != 1.0 or any(c < 1.0 for c in relative):
         return None
     return VerifyCost(relative, decode_seconds, timed)
