@@ -264,6 +264,14 @@ def probe_in_shadow(policy, draft) -> bool:
     return ask is not None and ask(full_forward=draft.prefilled_layers == 0)
 
 
+def probe_asked(policy, num_draft_tokens: int) -> bool:
+    """Whether a step asking `num_draft_tokens` asks for a probe that a draft prefilling layers answers in shadow
+    (`probe_in_shadow` of such a draft: always when the policy probes), so the drafter may skip prefilling the probe
+    token (`DraftContext.probe`)."""
+    ask = getattr(policy, "probe_in_shadow", None)
+    return num_draft_tokens == 1 and ask is not None and ask(full_forward=False)
+
+
 def capped_choice(policy, budget: int) -> int:
     """The k a step drafts: the policy's choice, at most `budget` (the drafts a step may still emit). With no budget
     the policy is not asked: it would read the empty draft that follows as the drafter declining."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.attention_backends import without_cudnn_attention
-from selfspec.draft_length import capped_choice, draft_length_policy, probe_in_shadow
+from selfspec.draft_length import capped_choice, draft_length_policy, probe_asked, probe_in_shadow
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
@@ -246,7 +246,8 @@ class SelfSpecModel:
             recorder.start()
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
             k = capped_choice(policy, stop.remaining - 1)  # a step emits at most k + 1 tokens
-            draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache)
+            draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache,
+                                          probe_asked(policy, k))
             verify_started = clock()
             # The cache ends holding pending + accepted; kept_hidden [num_accepted + 1, hidden] are their final states.
             verdict, accepted, kept_hidden, probe = self._verify_step(
@@ -269,15 +270,16 @@ class SelfSpecModel:
         if self._verify_cost is not None:
             self._verify_cost.save()
 
-    def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache) -> tuple[Draft, list]:
+    def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache,
+                 probe: bool = False) -> tuple[Draft, list]:
         """The drafter's proposal and the states it has still not seen (none once it was asked; at k = 0 it is not
-        asked, and they wait for its next proposal: a list, so waiting costs no copying)."""
+        asked, and they wait for its next proposal: a list, so waiting costs no copying). probe: `DraftContext.probe`."""
         if num_draft_tokens <= 0:
             return Draft.empty(token_ids.device), unseen
         hidden_states = torch.cat(unseen) if len(unseen) > 1 else unseen[0]  # [num_new, hidden]
         context = DraftContext(
             token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache,
-            self.tree_size,
+            self.tree_size, probe,
         )
         return self.drafter.propose(context), []
 

@@ -37,6 +37,10 @@ class DraftContext:
     # Node budget for a tree of draft tokens (`Draft.parents`); 0 = propose a chain. Drafters that cannot build trees
     # ignore it and return chains; `num_draft_tokens` then caps the tree's depth.
     tree_size: int = 0
+    # The one token asked for is a probe the engine scores in shadow if the draft prefills layers (a draft that
+    # prefills layers always is, `draft_length.probe_in_shadow`): then only the pending token's prefilled state is
+    # read, and a drafter may skip prefilling its draft token (early exit: that token's pass over its layers).
+    probe: bool = False
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ own final norm and LM head, run one token at a time through the SHARED cache.
 Shared work: drafting writes the first layers' keys and values for the pending token and every draft token, and
 returns their exit-layer outputs (`Draft.prefilled_hidden`), so verification runs only the remaining layers. The
 last draft token passes the first layers once more (its successor is never drafted) so its exit state exists too:
-a draft of k tokens costs k + 1 partial forwards, and verification none of them again.
+a draft of k tokens costs k + 1 partial forwards, and verification none of them again; a probe (`DraftContext.probe`:
+scored in shadow against plain decoding's forward, which resumes after the pending token's drafted layers) skips the
+draft token's pass: a third of a probe's cost on SmolLM2 at layer 8, for state nothing reads.
 Greedy drafts are argmax point masses; sampled drafts carry their draft_probs to the exact verifier. The drafter
 owns its exit adapter: it loads it (or checks a given one against the model) and places it on the model.
 """
@@ -64,7 +66,8 @@ class EarlyExitDrafter:
         target, cache, sampling = context.target, context.cache, context.sampling
         token = context.token_ids[-1:]  # [1] the pending token, not yet in the cache
         exit_states, tokens, draft_probs = [], [], []
-        while self.share_work or len(tokens) < context.num_draft_tokens:
+        last_pass = self.share_work and not context.probe  # the last draft token's pass: its state for verification
+        while last_pass or len(tokens) < context.num_draft_tokens:
             exit_state = target.exit_forward(token, cache, self.exit_layer)  # [1, hidden]; writes layers < exit_layer
             exit_states.append(exit_state)
             if len(tokens) == context.num_draft_tokens:
@@ -87,7 +90,8 @@ class EarlyExitDrafter:
             tokens=tokens,
             probs=draft_probs,
             prefilled_layers=self.exit_layer,
-            prefilled_hidden=torch.cat(exit_states),  # [num_draft_tokens + 1, hidden]: pending, then each draft
+            prefilled_hidden=torch.cat(exit_states),  # [num_draft_tokens + 1, hidden]: pending, then each draft (a probe:
+            # pending only)
         )
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:

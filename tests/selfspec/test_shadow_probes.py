@@ -4,6 +4,7 @@ draws from the user's generator) and the probe's token is scored against the dis
 the verifier's own rule (greedy: the argmax; sampled: u < p / q). Checked here: outputs identical to speculation off,
 outcomes equal to the rule replayed step by step (with a planted wrong rule caught), and "auto" drafting again after
 probes a good drafter passes in shadow."""
+import dataclasses
 import json
 import random
 
@@ -128,22 +129,30 @@ def test_probe_rule_accepts_with_probability_min_one_p_over_q():
         assert rate == pytest.approx(min(1.0, float(row[token]) / q), abs=2e-3)
 
 
-def test_an_early_exit_probe_is_scored_in_shadow_and_its_first_layers_entries_cut():
-    """Early exit's probe already ran the first layers over the pending token and the probe token (shared work): the
-    step resumes after them for the pending token alone and cuts the probe token's entries, so every later step sees
-    the cache plain decoding would have: greedy output is the model's own. (Sampled, the drafter draws its probe
-    from the user's generator, as any sampling drafter does, so its tokens are not speculation-off's: same law.)
+@pytest.mark.parametrize("skip_probe_pass", [True, False])
+def test_an_early_exit_probe_is_scored_in_shadow_and_its_first_layers_entries_cut(monkeypatch, skip_probe_pass):
+    """Early exit's probe ran the first layers over the pending token (shared work): the step resumes after them for
+    the pending token alone, so every later step sees the cache plain decoding would have: greedy output is the
+    model's own. (Sampled, the drafter draws its probe from the user's generator, as any sampling drafter does, so its
+    tokens are not speculation-off's: same law.) The engine tells the drafter the ask is such a probe
+    (`DraftContext.probe`), so the probe token never runs the first layers: one partial pass per probe, not two. A
+    drafter that runs it anyway (skip_probe_pass=False: `probe` ignored) has its entries cut, with the same output.
     Its steps resume after the drafted layers, so none is the full forward the cost curve learns from.
     Catches (planted): the probe token's first-layer entries kept (later tokens differ); such a step taught to the
-    curve as a plain decode."""
+    curve as a plain decode; `probe` not passed to the drafter (two passes per probe)."""
     model, prompt = tiny_model("llama", seed=5, num_layers=4), random_prompt(10, seed=6)
     spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
     curve = spec.verify_cost()
+    passes, exit_forward, propose = [], spec.target.exit_forward, spec.drafter.propose
+    monkeypatch.setattr(spec.target, "exit_forward", lambda *a: passes.append(1) or exit_forward(*a))
+    if not skip_probe_pass:
+        monkeypatch.setattr(spec.drafter, "propose", lambda context: propose(dataclasses.replace(context, probe=False)))
     out = spec.generate(prompt, max_new_tokens=16, num_draft_tokens=AlwaysProbe(), eos_token_id=[])
     assert curve.num_observed == 1  # only the last step: a plain decode (no budget left for a probe)
     assert torch.equal(out.sequences, greedy_reference(model, prompt, 16))
     assert out.stats.drafted == 0 and out.stats.probed == 14 and out.stats.target_forwards == 16
     assert 0 < out.stats.probes_accepted < out.stats.probed  # its early exit agrees with the model now and then
+    assert len(passes) == (1 if skip_probe_pass else 2) * out.stats.probed
 
 
 def test_auto_comes_back_to_drafting_through_accepted_shadow_probes():
