@@ -259,8 +259,10 @@ class SelfSpecModel:
             next_token = verdict.next_token
             emitted = stop.admit(accepted.tolist() + [next_token])
             # Rollback slices the cache's tensors (views): right after it they still hold the verify step's storage.
-            if probe is not None:  # a probe scored in shadow: the step verified nothing (after an early-exit probe's
-                recorder.probed(probe)  # layers, if any: then not a full forward, which the cost curve must not learn)
+            # A probe scored in shadow: the step verified nothing, and after an early-exit probe's layers it was not a
+            # full forward either (prefilled_layers kept, so the cost curve does not learn it as one).
+            if probe is not None:
+                recorder.probed(probe)
                 draft = Draft(draft.tokens[:0], prefilled_layers=draft.prefilled_layers)
             depth = draft.depth  # positions the step could accept: a chain's length, a tree's deepest level
             seconds = recorder.stepped(draft.num_draft_tokens, verdict.num_accepted, stop.num_emitted, cache.nbytes(),
@@ -273,7 +275,8 @@ class SelfSpecModel:
     def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache,
                  probe: bool = False) -> tuple[Draft, list]:
         """The drafter's proposal and the states it has still not seen (none once it was asked; at k = 0 it is not
-        asked, and they wait for its next proposal: a list, so waiting costs no copying). probe: `DraftContext.probe`."""
+        asked, and they wait for its next proposal: a list, so waiting costs no copying).
+        probe: `DraftContext.probe`."""
         if num_draft_tokens <= 0:
             return Draft.empty(token_ids.device), unseen
         hidden_states = torch.cat(unseen) if len(unseen) > 1 else unseen[0]  # [num_new, hidden]
