@@ -34,7 +34,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from selfspec.attention_backends import without_cudnn_attention
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
@@ -121,8 +120,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         ))
     total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter))
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
-    pieces = without_cudnn_attention(pieces, target.device)
-    return prompts, pieces, [row.recorder.stats for row in rows], total
+    return prompts, spec.engine_steps(pieces), [row.recorder.stats for row in rows], total
 
 
 def _start_alone(spec, prompt_in, options):

@@ -158,6 +158,10 @@ def _add_generate(commands) -> None:
     where.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
                        help="default: auto, i.e. the GPUs when any are visible (device_map='auto' through accelerate, "
                        "which also spreads a model too large for one GPU), else the CPU")
+    where.add_argument("--few-row-kernel", choices=("auto", "on", "off"), default="auto",
+                       help="run a float32 CPU model's products over 2-16 rows (verification) through selfspec's "
+                       "streaming kernel, compiled on first use with the system's C compiler (x86 with AVX2); auto: "
+                       "where it builds; on: fail if it cannot; off: F.linear everywhere")
     where.add_argument("--threads", type=_int_at_least(1), metavar="N",
                        help="CPU threads for torch; default: torch's own choice (one per core); 1 is fastest for "
                        "small models or on a busy machine")
@@ -249,7 +253,8 @@ def _load(args):
     try:
         engine = SelfSpecModel.from_pretrained(
             args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
-            dtype=dtype if dtype == "auto" else getattr(torch, dtype), tree_size=args.tree_size, **placement,
+            dtype=dtype if dtype == "auto" else getattr(torch, dtype), tree_size=args.tree_size,
+            few_row_kernel=args.few_row_kernel, **placement,
         )
     except (FileNotFoundError, ImportError) as err:  # a missing wheel or gguf package: say what to install
         raise UsageError(f"--model {args.model}: {err}") from None

@@ -16,6 +16,7 @@ from selfspec.attention_backends import without_cudnn_attention
 from selfspec.draft_length import capped_choice, draft_length_policy, probe_asked, probe_in_shadow
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
+from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
@@ -75,17 +76,23 @@ class SelfSpecModel:
     as the tree, each with the accepted path's length accepted, so "auto" learns per-depth acceptance and the curve
     the real cost of verifying N; "auto" prices a tree k levels deep as the most nodes such a tree holds (the
     drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes.
+    few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-16
+    rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
+    it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding) always run through F.linear.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, model, drafter: str | Drafter | None = None, heads=None, tokenizer=None,
-                 tree_size: int | str | None = None, **drafter_options):
+                 tree_size: int | str | None = None, few_row_kernel: str | bool = "auto", **drafter_options):
         self.model = model
         self.target = TargetModel(model)
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
+        dtype = self.target.lm_head.weight.dtype
+        self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
+        self.few_row_linears = FewRowLinears(model, self.heads) if self.few_row_kernel else None
         self._verify_cost: LearnedVerifyCost | None = None
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
@@ -99,7 +106,7 @@ class SelfSpecModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
-                        tree_size=None, **model_kwargs):
+                        tree_size=None, few_row_kernel="auto", **model_kwargs):
         """Load the base (a directory, a hub id, a .gguf file, or "smollm2") and its tokenizer; dtype, device_map, ...
         pass through to AutoModelForCausalLM. Without a dtype, a half-precision checkpoint on a CPU runs in float32
         (selfspec/loading.py); an explicit dtype always wins."""
@@ -108,7 +115,7 @@ class SelfSpecModel:
         model = load_model(name_or_path, dtype=dtype, device=device, **model_kwargs)
         tokenizer = load_tokenizer(name_or_path)
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, tree_size=tree_size,
-                   **(drafter_options or {}))
+                   few_row_kernel=few_row_kernel, **(drafter_options or {}))
 
     def verify_cost(self) -> LearnedVerifyCost:
         """This model's cost curve of verifying k drafts (in one-token decodes) on its device, as "auto" plans with
@@ -117,7 +124,8 @@ class SelfSpecModel:
         its own: a tree's masked forward costs more). Never measured up front, so the first call pays no measuring
         pause."""
         if self._verify_cost is None:
-            self._verify_cost = learned_verify_cost(self.target, tree=bool(self.tree_size))
+            self._verify_cost = learned_verify_cost(self.target, tree=bool(self.tree_size),
+                                                    few_row_kernel=self.few_row_kernel)
         return self._verify_cost
 
     def generate(
@@ -211,7 +219,14 @@ class SelfSpecModel:
             generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
         recorder = StatsRecorder(drafter_parameter_bytes(self.drafter), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
-        return prompt, without_cudnn_attention(pieces, self.target.device), recorder.stats
+        return prompt, self.engine_steps(pieces), recorder.stats
+
+    def engine_steps(self, pieces):
+        """The decode loop's pieces, each step run with the engine's kernel choices: CUDA without cuDNN's attention,
+        few-row products through selfspec's kernel where enabled (the caller's code between steps sees neither)."""
+        if self.few_row_linears is not None:
+            pieces = self.few_row_linears.routing(pieces)
+        return without_cudnn_attention(pieces, self.target.device)
 
     def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
         """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from

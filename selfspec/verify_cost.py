@@ -188,10 +188,11 @@ class LearnedVerifyCost:
                                 "timed": self.timed})
 
 
-def learned_verify_cost(target, tree: bool = False) -> LearnedVerifyCost:
+def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool = False) -> LearnedVerifyCost:
     """This model's curve on this device: the one a previous process kept, else the prior; refined from here on.
-    tree: the curve of tree verify forwards (a custom 4D mask, a slower attention path), kept apart from chains'."""
-    path = cache_dir() / "verify_cost" / f"{cost_key(target, tree)}.json"
+    tree: the curve of tree verify forwards (a custom 4D mask, a slower attention path), kept apart from chains'.
+    few_row_kernel: the forwards' few-row products run through selfspec/few_row_linear.py (cheaper: a curve apart)."""
+    path = cache_dir() / "verify_cost" / f"{cost_key(target, tree, few_row_kernel)}.json"
     start = _read_curve(path) or prior_verify_cost(target.device)
     return LearnedVerifyCost(start, path)
 
@@ -203,9 +204,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec"
 
 
-def cost_key(target, tree: bool = False) -> str:
-    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads, and
-    whether the forwards verify trees."""
+def cost_key(target, tree: bool = False, few_row_kernel: bool = False) -> str:
+    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads,
+    whether the forwards verify trees and whether their few-row products run through selfspec's kernel."""
     model, device = target.model, target.device
     weight = target.lm_head.weight
     described = {
@@ -220,6 +221,8 @@ def cost_key(target, tree: bool = False) -> str:
     }
     if tree:  # (chains keep the key they always had, so curves kept by earlier versions stay valid)
         described["tree"] = True
+    if few_row_kernel:
+        described["few_row_kernel"] = True
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
 
 

@@ -4,8 +4,9 @@ greedy) and against the same prompts decoded one by one, at batch sizes 1, 4, 8 
     python -m selfspec.bench.batch --model examples/reference/model --heads examples/reference/heads \\
         --batch-sizes 1,4,8,16 --max-new-tokens 96 --repeats 3
 
-For each batch size B the first B held-out prompts (cycled when fewer ship) run through three methods, in a fresh
-random order each round: `selfspec batch` (one generate call with the B prompts), `transformers batched` (one
+For each batch size B the first B held-out prompts (cycled when fewer ship) run through four methods, in a fresh
+random order each round: `selfspec batch` (one generate call with the B prompts), `selfspec batch, no drafts` (the
+same at num_draft_tokens=0: the batched loop's gain without speculation), `transformers batched` (one
 `generate` over the left-padded batch) and `selfspec one by one` (B generate calls in turn). Reported per method,
 as medians over rounds: throughput (new tokens per second of wall time), per-row latency (seconds from the start
 until that row's last token: a batched selfspec row leaves when it stops, a transformers row waits for the whole
@@ -95,10 +96,10 @@ class Timed:
     latencies: list[float]  # per row: seconds from the start until its last token
 
 
-def selfspec_batch(spec, prompts, settings, eos) -> Timed:
+def selfspec_batch(spec, prompts, settings, eos, drafts: bool = True) -> Timed:
     started = time.perf_counter()
     out = spec.generate([p[0] for p in prompts], max_new_tokens=settings.max_new_tokens,
-                        num_draft_tokens=num_draft_tokens(settings), eos_token_id=eos)
+                        num_draft_tokens=num_draft_tokens(settings) if drafts else 0, eos_token_id=eos)
     seconds = time.perf_counter() - started
     new = [s[p.shape[1]:].tolist() for s, p in zip(out.sequences, prompts)]
     return Timed(new, seconds, [s.seconds for s in out.row_stats])  # engine seconds of the steps each row was in
@@ -133,7 +134,9 @@ def transformers_batched(model, prompts, settings, eos, pad) -> Timed:
     return Timed(new, seconds, [seconds] * len(prompts))
 
 
-METHODS = ("selfspec batch", "transformers batched", "selfspec one by one")
+# "no drafts": the same batched loop at num_draft_tokens=0, i.e. what the batch gains without speculation (on a CPU,
+# selfspec's few-row kernel alone makes a batch's products cheaper than transformers' F.linear)
+METHODS = ("selfspec batch", "selfspec batch, no drafts", "transformers batched", "selfspec one by one")
 
 
 def run(settings: BatchBenchSettings) -> dict:
@@ -157,6 +160,8 @@ def run(settings: BatchBenchSettings) -> dict:
     def call(method, prompts):
         if method == "selfspec batch":
             return selfspec_batch(spec, prompts, settings, eos)
+        if method == "selfspec batch, no drafts":
+            return selfspec_batch(spec, prompts, settings, eos, drafts=False)
         if method == "transformers batched":
             return transformers_batched(model, prompts, settings, eos, pad)
         return selfspec_one_by_one(spec, prompts, settings, eos)

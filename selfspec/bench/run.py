@@ -132,7 +132,10 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         if drafter == "none":
             continue
         where = f" L={layer}" if drafter == "early_exit" else ""
-        variants = [(spec, "")]  # the chain row, then the tree row beside it
+        variants = [(spec, "")]  # the chain row, then the kernel-off and tree rows beside it
+        if settings.kernel_off and drafter in extras:
+            variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], few_row_kernel="off"),
+                             " kernel off"))
         if drafter in trees:
             variants.append((trees[drafter], f" tree={trees[drafter].tree_size}"))
         for variant, shape in variants:

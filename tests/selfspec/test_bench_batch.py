@@ -1,4 +1,4 @@
-"""The batched benchmark's pieces on a tiny model: settings, the three methods' outputs and the record's arithmetic
+"""The batched benchmark's pieces on a tiny model: settings, the four methods' outputs and the record's arithmetic
 (the benchmark itself is run by hand: see selfspec/bench/batch.py's docstring)."""
 import pytest
 
@@ -22,10 +22,11 @@ def test_methods_agree_row_by_row_and_records_count_it():
     eos = int(model.generate(prompts[0], max_new_tokens=4, do_sample=False, pad_token_id=2)[0, -1])  # row 0 stops
     runs = {
         "batch": bench.selfspec_batch(spec, prompts, settings, eos),
+        "no drafts": bench.selfspec_batch(spec, prompts, settings, eos, drafts=False),
         "hf": bench.transformers_batched(model, prompts, settings, eos, pad=2),
         "alone": bench.selfspec_one_by_one(spec, prompts, settings, eos),
     }
-    assert runs["batch"].new_tokens == runs["alone"].new_tokens == runs["hf"].new_tokens
+    assert runs["batch"].new_tokens == runs["alone"].new_tokens == runs["hf"].new_tokens == runs["no drafts"].new_tokens
     assert len(runs["batch"].new_tokens[0]) <= 4 and runs["batch"].new_tokens[0][-1] == eos
     record = bench.record(3, "selfspec batch", [runs["batch"]], [runs["alone"]], [runs["hf"]])
     assert (record["identical_rows"], record["rows"]) == (3, 3)

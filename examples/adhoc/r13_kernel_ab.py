@@ -1,0 +1,61 @@
+"""SmolLM2 with its EAGLE head, greedy, held-out chat prompts: plain generate vs selfspec "auto" with the few-row
+kernel (selfspec/few_row_linear.py) on and off, and fixed k = 2 with it on; interleaved in a random order per round,
+median speedup over generate and tokens per forward, and whether every run's tokens equal generate's.
+Usage: python examples/adhoc/r13_kernel_ab.py ROUNDS [NUM_PROMPTS] [MAX_NEW_TOKENS]"""
+import random
+import statistics
+import sys
+import time
+
+import torch
+import transformers
+
+from selfspec.bench.models import load
+from selfspec.bench.prompts import prompt_ids, prompt_texts
+from selfspec.bench.settings import parse_args
+from selfspec.engine import SelfSpecModel
+
+torch.set_num_threads(1)
+transformers.logging.set_verbosity_error()
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+num_prompts = int(sys.argv[2]) if len(sys.argv) > 2 else 2
+max_new = int(sys.argv[3]) if len(sys.argv) > 3 else 96
+loaded = load(parse_args(["--model", "smollm2", "--heads", "none", "--eagle", "examples/smollm2/eagle"]), [])
+model, tokenizer = loaded.model, loaded.tokenizer
+kind, texts = prompt_texts(tokenizer, num_prompts)
+prompts = prompt_ids(tokenizer, texts, kind, 2048, max_new, "cpu")
+specs = {"kernel on": SelfSpecModel(model, "eagle", heads="examples/smollm2/eagle", tokenizer=tokenizer),
+         "kernel off": SelfSpecModel(model, "eagle", heads="examples/smollm2/eagle", tokenizer=tokenizer,
+                                     few_row_kernel="off")}
+assert specs["kernel on"].few_row_kernel, "the kernel did not build here"
+variants = {"generate": None, "auto, kernel on": ("kernel on", "auto"), "auto, kernel off": ("kernel off", "auto"),
+            "k=2, kernel on": ("kernel on", 2)}
+kw = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=[])
+
+
+def run(variant, prompt):
+    started = time.perf_counter()
+    if variant is None:
+        out = model.generate(prompt, pad_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(prompt), **kw)
+        return time.perf_counter() - started, 1.0, out[0, prompt.shape[1]:].tolist()
+    out = specs[variant[0]].generate(prompt[0], num_draft_tokens=variant[1], **kw)
+    return time.perf_counter() - started, out.stats.tokens_per_forward, out.sequences[0, prompt.shape[1]:].tolist()
+
+
+for spec in specs.values():
+    spec.generate(prompts[0][0][-32:], max_new_tokens=32, eos_token_id=[])  # warm-up
+ratios, per_forward, same = {v: [] for v in variants}, {v: [] for v in variants}, {v: 0 for v in variants}
+rng = random.Random(0)
+for _ in range(rounds):
+    for prompt in prompts:
+        order = list(variants)
+        rng.shuffle(order)
+        results = {name: run(variants[name], prompt) for name in order}
+        for name, (seconds, tpf, tokens) in results.items():
+            ratios[name].append(results["generate"][0] / seconds)
+            per_forward[name].append(tpf)
+            same[name] += tokens == results["generate"][2]
+for name in variants:
+    r = ratios[name]
+    print(f"{name:18s} {statistics.median(r):.2f}x of generate ({min(r):.2f}-{max(r):.2f}), "
+          f"{statistics.median(per_forward[name]):.2f} tokens per forward, identical to generate {same[name]}/{len(r)}")

@@ -1,0 +1,183 @@
+"""Float32 linear layers over a few rows on x86 CPUs: a streaming kernel where BLAS's small-M GEMM is slow.
+
+Verifying k drafts runs the target over 1 + k rows. On a GPU that costs about one decode; on some CPUs BLAS does
+not: on round 10-12's AMD EPYC (AVX2, MKL 2024.2, one thread) F.linear over 2 rows cost 1.5-2.3x one row and was
+nearly flat after, so SmolLM2 verified 1 draft for 1.4-1.6 decodes and 2-7 drafts for ~2 and no draft length paid.
+A one-row product streams the weights once; so does this kernel for up to MAX_ROWS rows (each weight row is read
+from memory once and multiplied by every row of x, which stays in L1), so over 2-16 rows it costs about what one row
+costs (`examples/adhoc/r13_few_row_kernel.py`). It is C (selfspec/kernels/few_row_linear.c), compiled on first use
+with the system's C compiler into the cache directory and loaded with ctypes; where there is no compiler, no AVX2
+or FMA, or no x86 CPU, everything runs through F.linear as before.
+
+Engine forwards run under `with_few_row_linear` (a TorchFunctionMode per resumption of the decode loop, as
+attention_backends does for CUDA): only F.linear calls with float32 CPU tensors over MIN_ROWS..MAX_ROWS rows are
+taken; one-row products (plain decoding) and everything else run exactly as without it. Results agree with F.linear
+to float32 rounding (a different summation order, as BLAS's GEMM and GEMV already differ); every row is the same sum
+in the same order whatever the number of rows beside it.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+MIN_ROWS, MAX_ROWS = 2, 16  # one row stays on BLAS (plain decoding unchanged); beyond 16 BLAS's GEMM catches up
+SOURCE = Path(__file__).parent / "kernels" / "few_row_linear.c"
+FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
+SETTINGS = ("auto", "on", "off")
+logger = logging.getLogger(__name__)
+
+
+def resolve_few_row_kernel(setting: str | bool, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a model on `device` in `dtype` runs its few-row products through the kernel. setting: "auto" (when
+    the model is float32 on a CPU and the kernel builds here), "on" (the same, but an error says why it cannot),
+    "off" (F.linear everywhere). True / False mean "on" / "off"."""
+    setting = {True: "on", False: "off"}.get(setting, setting)
+    if setting not in SETTINGS:
+        raise ValueError(f"few_row_kernel={setting!r}: expected one of {SETTINGS} (or True / False)")
+    if setting == "off":
+        return False
+    if torch.device(device).type != "cpu" or dtype != torch.float32:
+        why_not = f"the model is {dtype} on {torch.device(device).type}; the kernel is for float32 on a CPU"
+    else:
+        why_not = unavailable_reason()
+    if why_not and setting == "on":
+        raise ValueError(f"few_row_kernel='on' but {why_not}; pass few_row_kernel='auto' or 'off'")
+    return why_not is None
+
+
+def unavailable_reason() -> str | None:
+    """None when the kernel is built and loaded here, else why not (no x86 CPU with AVX2, no C compiler, ...)."""
+    return _load()[1]
+
+
+def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) through the kernel, for any number of rows: x [..., K] float32 on a CPU, weight
+    [N, K] contiguous, K a multiple of 8, bias [N] or None. Raises if the kernel is unavailable."""
+    kernel, why_not = _load()
+    if kernel is None:
+        raise RuntimeError(f"the few-row kernel is unavailable: {why_not}")
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or weight.shape[1] % 8:
+        raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [..., K] and [N, K], K % 8 == 0")
+    if not (_plain_float32(x) and _plain_float32(weight) and weight.is_contiguous()
+            and (bias is None or _plain_float32(bias) and bias.is_contiguous())):
+        raise ValueError("the kernel takes plain float32 CPU tensors, with a contiguous weight and bias")
+    return _run(kernel, x, weight, bias)
+
+
+def _run(kernel, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows_in = x.reshape(-1, x.shape[-1]).contiguous()
+    out = x.new_empty(x.shape[:-1] + (weight.shape[0],))
+    kernel(rows_in.data_ptr(), rows_in.shape[0], rows_in.shape[1], weight.data_ptr(), weight.shape[0],
+           None if bias is None else bias.data_ptr(), out.data_ptr())
+    return out
+
+
+class FewRowLinears:
+    """The nn.Linear layers of some modules, routed through the kernel while inside `with` (or `routing(steps)`):
+    each layer's forward takes its few-row float32 products and hands every other call to F.linear, as nn.Linear
+    itself does. Outside, the layers are untouched nn.Linear modules. A layer whose forward someone else replaced
+    (accelerate's offloading hooks, a user's patch) is left alone."""
+
+    def __init__(self, *modules: torch.nn.Module | None):
+        self.forwards = [(layer, _forward_of(layer)) for module in modules if isinstance(module, torch.nn.Module)
+                         for layer in module.modules() if type(layer) is torch.nn.Linear]
+
+    def __enter__(self):
+        for layer, forward in self.forwards:
+            layer.__dict__.setdefault("forward", forward)  # (an instance attribute shadows nn.Linear.forward)
+        return self
+
+    def __exit__(self, *exc):
+        for layer, forward in self.forwards:
+            if layer.__dict__.get("forward") is forward:
+                del layer.__dict__["forward"]
+
+    def routing(self, steps: Iterator) -> Iterator:
+        """Yield what `steps` yields, running each resumption inside `with self` (so the caller's code between two
+        steps sees plain nn.Linear layers)."""
+        while True:
+            with self:
+                try:
+                    item = next(steps)
+                except StopIteration:
+                    return
+            yield item
+
+
+def _forward_of(layer: torch.nn.Linear):
+    """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
+    call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
+    falls back to F.linear)."""
+    k_dim, n_dim = layer.in_features, layer.out_features
+    kernel = _load()[0]
+    if kernel is None or k_dim % 8:
+        return lambda x: F.linear(x, layer.weight, layer.bias)
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        weight, bias = layer.weight, layer.bias
+        if (not MIN_ROWS <= x.numel() // k_dim <= MAX_ROWS or x.shape[-1] != k_dim or not _plain_float32(x)
+                or not _plain_float32(weight) or not weight.is_contiguous() or weight.shape != (n_dim, k_dim)
+                or bias is not None and not (_plain_float32(bias) and bias.is_contiguous())
+                or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+            return F.linear(x, weight, bias)
+        return _run(kernel, x, weight, bias)
+    return forward
+
+
+def _plain_float32(tensor: torch.Tensor) -> bool:
+    """A plain float32 tensor in CPU memory (not meta, sparse, or a tensor subclass)."""
+    return (tensor.dtype is torch.float32 and tensor.is_cpu and tensor.layout is torch.strided
+            and type(tensor) in (torch.Tensor, torch.nn.Parameter))
+
+
+@lru_cache(maxsize=1)
+def _load():
+    """(the kernel as a ctypes function, None) or (None, why not); built once per source, flags and compiler."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None, f"the CPU is {platform.machine()}, not x86-64"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None, f"this CPU lacks AVX2 / FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        return None, "no C compiler found (install gcc, or set CC)"
+    try:
+        library = _build(compiler)
+        kernel = ctypes.CDLL(str(library)).few_row_linear
+    except (OSError, subprocess.SubprocessError) as error:
+        logger.warning("selfspec: the few-row kernel did not build (%s); using F.linear", error)
+        return None, f"the kernel did not build with {compiler}: {error}"
+    kernel.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                       ctypes.c_void_p, ctypes.c_void_p]
+    kernel.restype = None
+    return kernel, None
+
+
+def _build(compiler: str) -> Path:
+    from selfspec.verify_cost import cache_dir
+
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"
+    if library.exists():
+        return library
+    library.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
+        built = Path(scratch) / library.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
+                                timeout=120)
+        if result.returncode != 0:
+            raise OSError(result.stderr.strip()[-500:] or f"{compiler} exited with {result.returncode}")
+        os.replace(built, library)  # atomic: a process loading it meanwhile sees the whole file or none
+    return library

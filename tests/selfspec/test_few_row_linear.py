@@ -1,0 +1,162 @@
+"""The few-row kernel: F.linear's values over 2-16 float32 rows, each row independent of its neighbours; layers
+routed only inside the engine's steps and only for the products the kernel is for; the engine's output with it
+equal to the output without it; a clear error when it is demanded and cannot run; a quiet fallback when it does
+not build."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from selfspec import SelfSpecModel
+from selfspec import few_row_linear as frl
+from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel, unavailable_reason
+from tests.conftest import random_prompt, tiny_model
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
+
+needs_kernel = pytest.mark.skipif(unavailable_reason() is not None,
+                                  reason=f"kernel unavailable: {unavailable_reason()}")
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
+@pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (300, 48)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_kernel_computes_f_linear(rows, n_dim, k_dim, with_bias):
+    g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
+    x = torch.randn(rows, k_dim, generator=g)
+    weight = torch.randn(n_dim, k_dim, generator=g)
+    bias = torch.randn(n_dim, generator=g) if with_bias else None
+    out = frl.few_row_linear(x, weight, bias)
+    assert out.shape == (rows, n_dim)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5 * k_dim ** 0.5)
+    for row in range(rows):  # the same sum in the same order whatever the rows beside it: bitwise
+        assert torch.equal(frl.few_row_linear(x[row : row + 1], weight, bias)[0], out[row])
+
+
+@needs_kernel
+def test_kernel_takes_batched_and_strided_inputs():
+    x = torch.randn(2, 3, 40)[:, :, :32]  # [2, 3, 32], not contiguous
+    weight = torch.randn(24, 32)
+    torch.testing.assert_close(frl.few_row_linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
+
+
+class CountingKernel:
+    def __init__(self, kernel):
+        self.kernel, self.rows = kernel, []
+
+    def __call__(self, x_ptr, rows, *args):
+        self.rows.append(rows)
+        return self.kernel(x_ptr, rows, *args)
+
+
+@pytest.fixture
+def counting_kernel(monkeypatch):
+    kernel, why_not = frl._load()
+    if kernel is None:
+        pytest.skip(f"kernel unavailable: {why_not}")
+    counting = CountingKernel(kernel)
+    monkeypatch.setattr(frl, "_load", lambda: (counting, None))
+    return counting
+
+
+def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_kernel):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8, bias=False))
+    routed = FewRowLinears(model, None)
+    assert len(routed.forwards) == 2
+    x = torch.randn(3, 16)
+    expected = model(x)
+    assert counting_kernel.rows == []  # outside: plain nn.Linear
+    with routed, torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
+        assert counting_kernel.rows == [3, 3]
+        model(torch.randn(1, 16))  # one row: plain decoding stays on F.linear
+        model(torch.randn(17, 16))  # beyond MAX_ROWS
+        model.double()(torch.randn(4, 16, dtype=torch.float64))  # not float32
+        model.float()
+        with torch.enable_grad():
+            model(torch.randn(4, 16))  # the weights need gradients: F.linear's autograd
+    assert counting_kernel.rows == [3, 3]
+    assert all("forward" not in layer.__dict__ for layer in model.modules())
+    model(x)
+    assert counting_kernel.rows == [3, 3]
+
+
+def test_routing_covers_each_step_and_not_the_code_between(counting_kernel):
+    layer = torch.nn.Linear(8, 8)
+    routed = FewRowLinears(layer)
+
+    @torch.no_grad()
+    def steps():
+        for _ in range(3):
+            yield layer(torch.randn(2, 8)).shape[0]
+
+    seen = []
+    for item in routed.routing(steps()):
+        seen.append(item)
+        assert "forward" not in layer.__dict__  # the caller's code between steps sees a plain layer
+        with torch.no_grad():
+            layer(torch.randn(2, 8))
+    assert seen == [2, 2, 2] and counting_kernel.rows == [2, 2, 2]
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "ngram"])
+def test_engine_output_is_unchanged_by_the_kernel_which_it_uses(counting_kernel, drafter):
+    # float32 here (the kernel's dtype); the output is compared with the same engine without the kernel, and with
+    # the model's own greedy generate
+    model = tiny_model("llama", dtype=torch.float32)
+    prompts = [random_prompt(9, seed=1), random_prompt(14, seed=2)]
+    options = {}
+    if drafter == "medusa":
+        options = dict(heads=trained_heads(model, greedy_sequences(model, prompts, 40)), min_draft_confidence=0.0)
+    with_kernel = SelfSpecModel(model, drafter=drafter, **options)
+    without = SelfSpecModel(model, drafter=drafter, few_row_kernel="off", **options)
+    assert with_kernel.few_row_kernel and not without.few_row_kernel
+    expected = greedy_sequences(model, prompts, 30)
+    stats = []
+    for prompt, reference in zip(prompts, expected):
+        out = with_kernel.generate(prompt, max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
+        plain = without.generate(prompt, max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences[0], plain.sequences[0])
+        assert torch.equal(out.sequences[0], reference)
+        stats.append(out.stats)
+    assert_exercised(stats, rejected=drafter == "medusa")
+    assert any(rows > 1 for rows in counting_kernel.rows)  # verify forwards ran through it
+    batch = with_kernel.generate(prompts, max_new_tokens=30, num_draft_tokens=2, eos_token_id=[])
+    assert all(torch.equal(row, reference) for row, reference in zip(batch.sequences, expected))
+
+
+def test_settings_and_errors(monkeypatch):
+    cpu = torch.device("cpu")
+    assert resolve_few_row_kernel("off", cpu, torch.float32) is False
+    assert resolve_few_row_kernel(False, cpu, torch.float32) is False
+    assert resolve_few_row_kernel("auto", cpu, torch.float64) is False  # not float32: F.linear
+    with pytest.raises(ValueError, match="float32 on a CPU"):
+        resolve_few_row_kernel("on", cpu, torch.float64)
+    with pytest.raises(ValueError, match="few_row_kernel='fast'"):
+        resolve_few_row_kernel("fast", cpu, torch.float32)
+    monkeypatch.setattr(frl, "_load", lambda: (None, "no C compiler found (install gcc, or set CC)"))
+    assert resolve_few_row_kernel("auto", cpu, torch.float32) is False
+    with pytest.raises(ValueError, match="no C compiler found"):
+        SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", few_row_kernel=True)
+    assert SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram").few_row_linears is None
+
+
+def test_a_failed_build_falls_back_with_its_reason(monkeypatch):
+    if frl.platform.machine().lower() not in ("x86_64", "amd64") or torch.backends.cpu.get_cpu_capability() not in (
+            "AVX2", "AVX512"):
+        pytest.skip("not an x86 CPU with AVX2: the build is never tried")
+    monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
+    frl._load.cache_clear()
+    try:
+        kernel, why_not = frl._load()
+        assert kernel is None and "did not build with false" in why_not
+    finally:
+        frl._load.cache_clear()
+
+
+def test_a_layer_whose_forward_was_replaced_is_left_alone(counting_kernel):
+    layer = torch.nn.Linear(8, 8)
+    hooked = lambda x: x * 2  # noqa: E731  (as accelerate's offloading hooks replace a layer's forward)
+    layer.forward = hooked
+    with FewRowLinears(layer), torch.no_grad():
+        assert torch.equal(layer(torch.ones(3, 8)), torch.full((3, 8), 2.0))
+    assert layer.__dict__["forward"] is hooked and counting_kernel.rows == []
