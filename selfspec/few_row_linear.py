@@ -1,19 +1,21 @@
 """Float32 linear layers over a few rows on x86 CPUs: a streaming kernel where BLAS's small-M GEMM is slow.
 
 Verifying k drafts runs the target over 1 + k rows. On a GPU that costs about one decode; on some CPUs BLAS does
-not: on round 10-12's AMD EPYC (AVX2, MKL 2024.2, one thread) F.linear over 2 rows cost 1.5-2.3x one row and was
+not: on rounds 10-13's AMD EPYC (AVX2, MKL 2024.2, one thread) F.linear over 2 rows cost 1.5-2.3x one row and was
 nearly flat after, so SmolLM2 verified 1 draft for 1.4-1.6 decodes and 2-7 drafts for ~2 and no draft length paid.
 A one-row product streams the weights once; so does this kernel for up to MAX_ROWS rows (each weight row is read
-from memory once and multiplied by every row of x, which stays in L1), so over 2-16 rows it costs about what one row
-costs (`examples/adhoc/r13_few_row_kernel.py`). It is C (selfspec/kernels/few_row_linear.c), compiled on first use
+from memory once and multiplied by every row of x, which stays in L1): over 2-4 rows it costs about one row's time,
+over 8-16 rows 1.3-2.3x (F.linear there: 1.5-3.9x; `examples/adhoc/r13_few_row_kernel.py`). It is C (selfspec/kernels/few_row_linear.c), compiled on first use
 with the system's C compiler into the cache directory and loaded with ctypes; where there is no compiler, no AVX2
 or FMA, or no x86 CPU, everything runs through F.linear as before.
 
-Engine forwards run under `with_few_row_linear` (a TorchFunctionMode per resumption of the decode loop, as
-attention_backends does for CUDA): only F.linear calls with float32 CPU tensors over MIN_ROWS..MAX_ROWS rows are
-taken; one-row products (plain decoding) and everything else run exactly as without it. Results agree with F.linear
-to float32 rounding (a different summation order, as BLAS's GEMM and GEMV already differ); every row is the same sum
-in the same order whatever the number of rows beside it.
+The engine routes the target's and heads' nn.Linear layers through it for the duration of each decode step
+(`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
+layer's float32 CPU products over MIN_ROWS..MAX_ROWS rows are taken; one-row products (plain decoding) and
+everything else run exactly as without it. (A TorchFunctionMode does the same without touching the layers, but
+intercepting every op of a 30-layer forward cost SmolLM2 12 % of a decode.) Results agree with F.linear to float32
+rounding (a different summation order, as BLAS's GEMM and GEMV already differ); every row is the same sum in the
+same order whatever the number of rows beside it.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 /* y[m, n] = sum_k x[m, k] * w[n, k] (+ bias[n]) for a few rows m, float32, AVX2 + FMA.
  *
- * Streams each weight row from memory once for all rows of x (x stays in L1): over 2-16 rows the product costs about
- * what one row costs, where BLAS's small-M GEMM on some CPUs costs 1.5-2.5x (selfspec/few_row_linear.py).
+ * Streams each weight row from memory once for all rows of x (x stays in L1): over 2-4 rows the product costs about
+ * one row's time, over 8-16 rows 1.3-2.3x, where BLAS's small-M GEMM on some CPUs costs 1.5-3.9x
+ * (selfspec/few_row_linear.py).
  * Every output element is the same sum in the same order whatever the number of rows, so a row's result does not
  * depend on its neighbours. Requires k_dim % 8 == 0 and contiguous row-major x [rows, k_dim], w [n_dim, k_dim],
  * y [rows, n_dim]; bias may be NULL.

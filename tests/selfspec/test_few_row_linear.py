@@ -12,11 +12,15 @@ from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel, unava
 from tests.conftest import random_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
 
-needs_kernel = pytest.mark.skipif(unavailable_reason() is not None,
-                                  reason=f"kernel unavailable: {unavailable_reason()}")
+
+@pytest.fixture
+def needs_kernel():
+    """Skip where the kernel cannot run (not x86 with AVX2, no C compiler); built in the test's private cache dir."""
+    if unavailable_reason() is not None:
+        pytest.skip(f"kernel unavailable: {unavailable_reason()}")
 
 
-@needs_kernel
+@pytest.mark.usefixtures("needs_kernel")
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
 @pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (300, 48)])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -32,7 +36,7 @@ def test_kernel_computes_f_linear(rows, n_dim, k_dim, with_bias):
         assert torch.equal(frl.few_row_linear(x[row : row + 1], weight, bias)[0], out[row])
 
 
-@needs_kernel
+@pytest.mark.usefixtures("needs_kernel")
 def test_kernel_takes_batched_and_strided_inputs():
     x = torch.randn(2, 3, 40)[:, :, :32]  # [2, 3, 32], not contiguous
     weight = torch.randn(24, 32)

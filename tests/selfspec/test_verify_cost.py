@@ -111,6 +111,20 @@ def test_the_key_names_dtype_and_threads():
         torch.set_num_threads(threads)
     assert key == cost_key(TargetModel(tiny_model("llama", seed=9)))  # the weights' values do not matter
     assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), tree=True)  # trees kept apart
+    assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), few_row_kernel=True)  # its own
+
+
+def test_an_engine_with_the_few_row_kernel_keeps_its_own_curve():
+    from selfspec import SelfSpecModel
+    from selfspec.few_row_linear import unavailable_reason
+
+    if unavailable_reason():
+        pytest.skip(f"kernel unavailable: {unavailable_reason()}")
+    model = tiny_model("llama", dtype=torch.float32)
+    with_kernel, without = SelfSpecModel(model, drafter="ngram"), SelfSpecModel(model, drafter="ngram",
+                                                                                few_row_kernel="off")
+    assert with_kernel.verify_cost().path != without.verify_cost().path
+    assert with_kernel.verify_cost().path.name == f"{cost_key(with_kernel.target, few_row_kernel=True)}.json"
 
 
 @pytest.mark.parametrize("content", ["not json", '{"relative": [2.0, 1.0], "decode_seconds": 1}', '{"x": 1}'])
