@@ -5,9 +5,10 @@ not: on rounds 10-13's AMD EPYC (AVX2, MKL 2024.2, one thread) F.linear over 2 r
 nearly flat after, so SmolLM2 verified 1 draft for 1.4-1.6 decodes and 2-7 drafts for ~2 and no draft length paid.
 A one-row product streams the weights once; so does this kernel for up to MAX_ROWS rows (each weight row is read
 from memory once and multiplied by every row of x, which stays in L1): over 2-4 rows it costs about one row's time,
-over 8-16 rows 1.3-2.3x (F.linear there: 1.5-3.9x; `examples/adhoc/r13_few_row_kernel.py`). It is C (selfspec/kernels/few_row_linear.c), compiled on first use
-with the system's C compiler into the cache directory and loaded with ctypes; where there is no compiler, no AVX2
-or FMA, or no x86 CPU, everything runs through F.linear as before.
+over 8-16 rows 1.3-2.3x (F.linear there: 1.5-3.9x; `examples/adhoc/r13_few_row_kernel.py`). It is C
+(selfspec/kernels/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory
+and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86 CPU, everything runs through F.linear
+as before.
 
 The engine routes the target's and heads' nn.Linear layers through it for the duration of each decode step
 (`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
@@ -72,8 +73,7 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
         raise RuntimeError(f"the few-row kernel is unavailable: {why_not}")
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or weight.shape[1] % 8:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [..., K] and [N, K], K % 8 == 0")
-    if not (_plain_float32(x) and _plain_float32(weight) and weight.is_contiguous()
-            and (bias is None or _plain_float32(bias) and bias.is_contiguous())):
+    if not (_plain_float32(x) and _dense_parameters(weight, bias)):
         raise ValueError("the kernel takes plain float32 CPU tensors, with a contiguous weight and bias")
     return _run(kernel, x, weight, bias)
 
@@ -90,11 +90,13 @@ class FewRowLinears:
     """The nn.Linear layers of some modules, routed through the kernel while inside `with` (or `routing(steps)`):
     each layer's forward takes its few-row float32 products and hands every other call to F.linear, as nn.Linear
     itself does. Outside, the layers are untouched nn.Linear modules. A layer whose forward someone else replaced
-    (accelerate's offloading hooks, a user's patch) is left alone."""
+    (accelerate's offloading hooks, a user's patch), or whose input size is not a multiple of 8, is left alone."""
 
     def __init__(self, *modules: torch.nn.Module | None):
-        self.forwards = [(layer, _forward_of(layer)) for module in modules if isinstance(module, torch.nn.Module)
-                         for layer in module.modules() if type(layer) is torch.nn.Linear]
+        kernel = _load()[0]  # (None: nothing to route)
+        self.forwards = [(layer, _forward_of(layer, kernel))
+                         for module in modules if kernel is not None and isinstance(module, torch.nn.Module)
+                         for layer in module.modules() if type(layer) is torch.nn.Linear and layer.in_features % 8 == 0]
 
     def __enter__(self):
         for layer, forward in self.forwards:
@@ -118,24 +120,26 @@ class FewRowLinears:
             yield item
 
 
-def _forward_of(layer: torch.nn.Linear):
+def _forward_of(layer: torch.nn.Linear, kernel):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
     falls back to F.linear)."""
     k_dim, n_dim = layer.in_features, layer.out_features
-    kernel = _load()[0]
-    if kernel is None or k_dim % 8:
-        return lambda x: F.linear(x, layer.weight, layer.bias)
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         weight, bias = layer.weight, layer.bias
         if (not MIN_ROWS <= x.numel() // k_dim <= MAX_ROWS or x.shape[-1] != k_dim or not _plain_float32(x)
-                or not _plain_float32(weight) or not weight.is_contiguous() or weight.shape != (n_dim, k_dim)
-                or bias is not None and not (_plain_float32(bias) and bias.is_contiguous())
+                or weight.shape != (n_dim, k_dim) or not _dense_parameters(weight, bias)
                 or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
             return F.linear(x, weight, bias)
         return _run(kernel, x, weight, bias)
     return forward
+
+
+def _dense_parameters(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """What the kernel reads from a layer: a plain float32 contiguous weight, and bias (if any) alike."""
+    return (_plain_float32(weight) and weight.is_contiguous()
+            and (bias is None or _plain_float32(bias) and bias.is_contiguous()))
 
 
 def _plain_float32(tensor: torch.Tensor) -> bool:
