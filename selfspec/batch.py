@@ -197,6 +197,8 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
             row.policy.observe(drafted, accepted, seconds=None, **asked)
         yield emitted
     total_stats(total, [row.recorder.stats for row in all_rows], forwards, prefill_seconds, decode_seconds, peak)
+    if planner is not None:
+        planner.cost_curve.save()  # for the next batch's planner, in this process and in later ones
 
 
 def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig) -> list[tuple[int, list[int]]]:
@@ -405,8 +407,9 @@ def _row_policy(spec, options):
 
 
 def _batch_planner(spec, options) -> BatchDraftLength | None:
-    """"auto" without a seed: one width for the batch, priced from a copy of this device's curve that only this batch
-    teaches. None (each row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
+    """"auto" without a seed: one width for the batch, priced by this wrapper's batch curve (`batch_verify_cost`:
+    what earlier batches timed, else a line through the one-sequence curve), which this batch refines. None (each
+    row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
     if options.num_draft_tokens != "auto" or options.reproducible:
         return None
-    return BatchDraftLength(spec.verify_cost().snapshot())
+    return BatchDraftLength(cost_curve=spec.batch_verify_cost())

@@ -9,7 +9,9 @@ from the batch's own timings. Knows no model, cache, drafter or clock: the loop 
 from __future__ import annotations
 
 from selfspec.draft_length import AdaptiveDraftLength, ProbeSchedule, StepOverhead
-from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, clipped
+from selfspec.verify_cost import (  # noqa: F401  (straight: re-exported, it lived here before round 14)
+    BATCH_CURVE_SIZE, LearnedVerifyCost, VerifyCost, clipped, straight,
+)
 
 
 class BatchDraftLength:
@@ -17,12 +19,13 @@ class BatchDraftLength:
 
     Objective: sum_r row_r.expected_tokens(min(w, cap_r)) / step_cost, where step_cost, in one-token decodes of one
     row, is cost_curve(B * (1 + width) - 1) + overhead.per_step + overhead.per_token * sum_r min(w, cap_r), and width
-    = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` started from a
-    straight line through the single-sequence curve (B one-token rows priced as one row verifying B - 1 drafts: the
-    same matmuls over the weights) and taught only by this batch's verify forwards; it has no path, so batch timings
-    never reach the curve kept on disk. `overhead` learns the rest of each step (drafting, per-row verification,
-    bookkeeping), so a drafter that costs per drafted token (EAGLE runs its head once per draft position; n-gram
-    and user drafters propose row by row) is priced too.
+    = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` over the padded
+    forward's tokens - 1, taught only by batches' verify forwards (never the one-sequence curve kept on disk): the
+    engine passes its own (`SelfSpecModel.batch_verify_cost`, kept between batches and processes, so a batch starts
+    from what earlier ones timed); given only `start`, a private one started from a straight line through it (B
+    one-token rows priced as one row verifying B - 1 drafts: the same matmuls over the weights). `overhead` learns the
+    rest of each step (drafting, per-row verification, bookkeeping), so a drafter that costs per drafted token (EAGLE
+    runs its head once per draft position; n-gram and user drafters propose row by row) is priced too.
 
     Rows learn acceptance only when they draft, so after `probe_every` steps at w = 0 one step drafts w = 1 in every
     row (a probe), as `AdaptiveDraftLength` probes, but every probe doubles the wait for the next (up to
@@ -40,29 +43,44 @@ class BatchDraftLength:
     The fit is trusted one width past the widest it has timed, no further: a line fitted to a few narrow steps
     extrapolates badly (measured on the reference model at batch 8: after 6 steps at w <= 2 it priced w = 8 so low
     that 16 steps ran at w = 8, 0.63x of w = 0), so the width grows one step at a time and each width is timed
-    before the next is priced.
+    before the next is priced; widths whose totals earlier batches timed (the curve's `timed`) count as timed.
+
+    `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
+    the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
+    totals that cost the same may differ by their noise, and a tie would otherwise draft useless tokens.
     """
 
-    def __init__(self, start: VerifyCost, max_draft_tokens: int = 8, probe_every: int = 8, max_probe_every: int = 64,
-                 decay: float = 0.9, explore_every: int = 8):
-        # total tokens - 1 -> one-row decodes; never saved. Started from a straight line (see `straight`), with a weak
-        # pull towards its slope (a hundredth of a step at one unit of extra cost; a choice, not measured): a batch is
-        # shaped unlike one sequence, and the explored widths must be able to show it.
-        self.cost_curve = LearnedVerifyCost(straight(start), path=None, prior_weight=0.01)
+    def __init__(self, start: VerifyCost | None = None, max_draft_tokens: int = 8, probe_every: int = 8,
+                 max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
+                 cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02):
+        if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
+            if start is None:
+                raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
+            cost_curve = LearnedVerifyCost(straight(start), path=None, prior_weight=0.01, size=BATCH_CURVE_SIZE,
+                                           non_decreasing=False)
+        self.cost_curve = cost_curve
+        self.min_gain = min_gain  # a width > 0 only when expected this much faster than w = 0 (as one sequence's)
         self.overhead = StepOverhead(decay)
         self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
         self.explore_every = explore_every
         self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
-        self.widest_timed = 0  # the widest block (drafts per row) a timed step has verified
+        self.widest_timed = 0  # the widest block (drafts per row) a timed step of this batch has verified
+        self._num_rows = 0  # rows at the last choice
 
     def probe_in_shadow(self, full_forward: bool = True) -> bool:
         """Whether the width the last choose() returned is a probe whose one-token drafts are scored in shadow
         against plain decoding's forward (`verify_step.score_probe`), so it does not widen the batch's forward; not
         before a step of width >= 1 was timed (until then a probe is verified for real: it is how this batch's cost
-        curve learns what a wider forward costs). Batches verify full forwards only (`full_forward` is for the
-        policies' common signature)."""
-        return self.probes.probing and self.widest_timed >= 1
+        curve learns what a wider forward costs; one timed by earlier batches counts). Batches verify
+        full forwards only (`full_forward` is for the policies' common signature)."""
+        return self.probes.probing and self._trusted(1)
+
+    def _trusted(self, width: int) -> bool:
+        """Whether a step of this width was timed: in this batch, or by earlier ones at the current number of rows
+        (the curve counts the forwards it timed per total)."""
+        total, timed = self._num_rows * (1 + width) - 1, self.cost_curve.timed
+        return width <= self.widest_timed or (0 <= total < len(timed) and timed[total] > 0)
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""
@@ -72,8 +90,10 @@ class BatchDraftLength:
     def choose(self, rows: list[tuple[AdaptiveDraftLength, int]]) -> int:
         """rows: (the row's acceptance estimates, the most drafts it may take this step) -> the width w; the
         returned w never exceeds the largest cap (it is the padded block's draft part when the drafters deliver)."""
-        best, best_rate = 0, 0.0
-        widest = min(self.max_draft_tokens, self.widest_timed + 1)
+        best, best_rate, self._num_rows = 0, 0.0, len(rows)
+        widest = 1  # one width past the widest timed one
+        while widest < self.max_draft_tokens and self._trusted(widest):
+            widest += 1
         expected = [policy.expected_tokens_up_to(widest) for policy, _ in rows]  # [row][k]
         for w in range(widest + 1):
             ks = [max(0, min(w, cap)) for _, cap in rows]  # what each row drafts at this width
@@ -81,7 +101,7 @@ class BatchDraftLength:
                 break
             tokens = sum(row_expected[k] for row_expected, k in zip(expected, ks))
             rate = tokens / self.step_cost(len(rows), w, sum(ks))
-            if rate > best_rate:
+            if rate > best_rate * (1.0 + self.min_gain if w and not best else 1.0):  # w > 0 must beat w = 0 so
                 best, best_rate = w, rate
         if best:
             best = self._explore(best, max(cap for _, cap in rows))
@@ -112,11 +132,3 @@ class BatchDraftLength:
             overhead = max(0.0, step_seconds - verify_seconds) / decode_seconds
             self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))
 
-
-def straight(curve: VerifyCost) -> VerifyCost:
-    """The line through 1 at k = 0 and the curve's last measured point. A batch's forwards are all past the concave
-    start of one sequence's curve (B rows are B - 1 drafts' worth at w = 0), where a fit of a + b * (curve(k) - 1)
-    on a concave curve extended linearly would put the intercept `a` (the decode it rescales) below zero."""
-    last = len(curve.relative) - 1
-    slope = (curve.relative[last] - 1.0) / last if last else 0.0
-    return VerifyCost(tuple(1.0 + slope * k for k in range(last + 1)), curve.decode_seconds)

@@ -25,7 +25,9 @@ from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
 from selfspec.tree_forward import check_tree_drafting, resolve_tree_size
 from selfspec.verifier import Verdict
-from selfspec.verify_cost import LearnedVerifyCost, learned_verify_cost, prior_verify_cost
+from selfspec.verify_cost import (
+    LearnedVerifyCost, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
+)
 from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
 
 # "auto": the number of draft tokens is chosen each step from the drafts' recent acceptance and this device's cost of
@@ -94,6 +96,7 @@ class SelfSpecModel:
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
         self.few_row_linears = FewRowLinears(model, self.heads) if self.few_row_kernel else None
         self._verify_cost: LearnedVerifyCost | None = None
+        self._batch_verify_cost: LearnedVerifyCost | None = None
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
         if self.tree_size:
@@ -127,6 +130,15 @@ class SelfSpecModel:
             self._verify_cost = learned_verify_cost(self.target, tree=bool(self.tree_size),
                                                     few_row_kernel=self.few_row_kernel)
         return self._verify_cost
+
+    def batch_verify_cost(self) -> LearnedVerifyCost:
+        """The cost curve batches of several prompts plan their draft width with: the padded forward's tokens - 1 ->
+        its cost in one-row decodes (`verify_cost.learned_batch_verify_cost`); kept in the cache directory apart
+        from `verify_cost()`, started from it when nothing was kept, refined by every batch and kept after each."""
+        if self._batch_verify_cost is None:
+            self._batch_verify_cost = learned_batch_verify_cost(self.target, self.verify_cost().snapshot(),
+                                                                few_row_kernel=self.few_row_kernel)
+        return self._batch_verify_cost
 
     def generate(
         self,

@@ -29,6 +29,9 @@ OUTLIER_RATIO = 3.0
 # Timed forwards of one draft size after which its cost counts as known (`LearnedVerifyCost.knows`); the count kept is
 # capped (MAX_TIMED) so a kept file stays small and old evidence does not read as more than it is.
 KNOWN_AFTER, MAX_TIMED = 2, 100
+# A batch's curve is indexed by the padded forward's tokens - 1 (B * (1 + w) - 1): it is kept that far, enough for
+# batch 16 at width 8 (143) with room; beyond it the fit extrapolates.
+BATCH_CURVE_SIZE = 256
 
 
 def clipped(observed: float, predicted: float) -> float:
@@ -90,25 +93,31 @@ class LearnedVerifyCost:
     """
 
     def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 0.1,
-                 residual_decay: float = 0.9, residual_prior: float = 0.5):
-        self.start, self.path = start, path
+                 residual_decay: float = 0.9, residual_prior: float = 0.5, size: int = MAX_DRAFT_TOKENS + 1,
+                 non_decreasing: bool = True):
+        self.start, self.path, self.size = start, path, size  # size: k = 0 .. size - 1 keep their own residuals
+        self.non_decreasing = non_decreasing  # see __call__; a batch's curve is not (`learned_batch_verify_cost`)
         self.decay, self.prior_weight = decay, prior_weight
         self.residual_decay, self.residual_prior = residual_decay, residual_prior
-        # [k] decayed sums of (observed - fit) in units of the fit's intercept, and of their count, k = 0 .. MAX
-        self._residual = [0.0] * (MAX_DRAFT_TOKENS + 1)
-        self._residual_weight = [0.0] * (MAX_DRAFT_TOKENS + 1)
+        # [k] decayed sums of (observed - fit) in seconds, and of their count, k < size. Seconds, not units of the fit's
+        # intercept: the intercept can move far (a batch's line through totals 7 .. 23 put it near 0, round 14), and
+        # old residuals in its old units then read as many times what they were.
+        self._residual = [0.0] * size
+        self._residual_weight = [0.0] * size
+        self._start_extra = [start(k) - 1.0 for k in range(size)]  # [k] the start curve's m, read every refresh
         self._intercept = start.decode_seconds  # the fit's a
         self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds
         self.decode_seconds = start.decode_seconds  # the decode as measured (fit + k = 0 residual); 0 until timed
         self.scale = 1.0  # b / a
         self.num_observed = 0
         # [k] timed forwards that verified k drafts, here and in the processes that kept the start curve
-        self.timed = [start.timed[k] if k < len(start.timed) else 0 for k in range(MAX_DRAFT_TOKENS + 1)]
+        self.timed = [start.timed[k] if k < len(start.timed) else 0 for k in range(size)]
         self._refresh()
 
     def __call__(self, num_draft_tokens: int) -> float:
-        """Non-decreasing in k (verifying more never costs less; residuals of noisy steps could say otherwise)."""
-        if 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+        """Non-decreasing in k (verifying more never costs less; residuals of noisy steps could say otherwise), unless
+        built with non_decreasing=False (a batch's curve: `learned_batch_verify_cost`)."""
+        if 0 <= num_draft_tokens < self.size:
             return self._relative[num_draft_tokens]
         return max(1.0, max(self._raw(num_draft_tokens), self._highest_raw) / self._raw_decode)
 
@@ -116,7 +125,7 @@ class LearnedVerifyCost:
         """Whether the cost of verifying this many drafts was timed (KNOWN_AFTER forwards, in this process or in those
         that kept the curve), not only extrapolated from the start curve's shape. "auto" verifies its probes for real
         until the cost of one draft is known, so that a pessimistic prior is corrected by measurement."""
-        return 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS and self.timed[num_draft_tokens] >= KNOWN_AFTER
+        return 0 <= num_draft_tokens < self.size and self.timed[num_draft_tokens] >= KNOWN_AFTER
 
     def fit(self, num_draft_tokens: int) -> float:
         """The smooth part, in units of the fit's intercept: the start curve, rescaled."""
@@ -125,22 +134,25 @@ class LearnedVerifyCost:
     def residual(self, num_draft_tokens: int) -> float:
         """What forwards verifying this many drafts cost beyond the fit, in units of its intercept (0 beyond the
         curve's range, and while unobserved)."""
-        if not 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+        if not 0 <= num_draft_tokens < self.size:
             return 0.0
         weight = self._residual_weight[num_draft_tokens] + self.residual_prior
-        return self._residual[num_draft_tokens] / weight
+        return self._residual[num_draft_tokens] / weight / self._intercept if self._intercept > 0 else 0.0
 
     def _raw(self, num_draft_tokens: int) -> float:
         return max(1e-3, self.fit(num_draft_tokens) + self.residual(num_draft_tokens))
 
     def _refresh(self) -> None:
-        """Recompute the curve at k = 0 .. MAX_DRAFT_TOKENS after the fit or a residual changed (the policy reads
-        it several times a step; it changes only here)."""
-        raw = [self._raw(k) for k in range(MAX_DRAFT_TOKENS + 1)]
+        """Recompute the curve at k < size after the fit or a residual changed (the policy reads it several times a
+        step; it changes only here; one pass over plain lists, as a batch's curve has hundreds of entries)."""
+        scale, prior = self.scale, self.residual_prior
+        per_second = 1.0 / self._intercept if self._intercept > 0 else 0.0  # residual seconds -> intercept units
+        raw = [max(1e-3, 1.0 + scale * m + r * per_second / (w + prior))
+               for m, r, w in zip(self._start_extra, self._residual, self._residual_weight)]
         self._raw_decode, highest, relative = raw[0], 0.0, []
         for value in raw:
             highest = max(highest, value)
-            relative.append(max(1.0, highest / raw[0]))
+            relative.append(max(1.0, (highest if self.non_decreasing else value) / raw[0]))
         self._highest_raw, self._relative = highest, tuple(relative)
 
     @property
@@ -155,7 +167,7 @@ class LearnedVerifyCost:
         for i, value in enumerate((1.0, m, m * m, seconds, m * seconds)):
             self.sums[i] = g * self.sums[i] + value
         self.num_observed += 1
-        if 0 <= num_draft_tokens <= MAX_DRAFT_TOKENS:
+        if 0 <= num_draft_tokens < self.size:
             self.timed[num_draft_tokens] = min(self.timed[num_draft_tokens] + 1, MAX_TIMED)
         n, sm, smm, st, smt = self.sums
         w = self.prior_weight
@@ -169,9 +181,9 @@ class LearnedVerifyCost:
         if a > 0:
             self._intercept, self.scale = a, max(0.0, b / a)  # verifying more never costs less
         k = num_draft_tokens
-        if 0 <= k <= MAX_DRAFT_TOKENS and self._intercept > 0:
+        if 0 <= k < self.size and self._intercept > 0:
             g = self.residual_decay
-            self._residual[k] = g * self._residual[k] + seconds / self._intercept - self.fit(k)
+            self._residual[k] = g * self._residual[k] + seconds - self._intercept * self.fit(k)
             self._residual_weight[k] = g * self._residual_weight[k] + 1.0
         self._refresh()
         if self._intercept > 0:
@@ -197,6 +209,31 @@ def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool = False
     return LearnedVerifyCost(start, path)
 
 
+def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool = False) -> LearnedVerifyCost:
+    """The curve batches plan with: k = the padded forward's tokens - 1 (B * (1 + w) - 1) -> its cost in one-row
+    decodes. The one a previous process kept, else a straight line through `single` (this model's one-sequence
+    curve, see `straight`); refined from every batch's timed forwards, shared by the batches of one wrapper and kept
+    on disk after each, apart from one sequence's curve (a batched forward is shaped unlike one sequence's: each row
+    attends over its own cache). Each total keeps what its own forwards cost (a CPU's cost jumps where a product
+    leaves the few-row kernel at 16 rows), and a weak pull towards the start's slope (a hundredth of a step at one unit
+    of extra cost; a choice, not measured) lets the widths a batch explores show its own shape. Not kept
+    non-decreasing: a batch times only totals B * (1 + w) - 1, and between two it timed the fit may lie above the
+    later one (a cheap 15 after an unmeasured 14 priced by a line through 7 .. 23), which a running maximum would
+    carry over it."""
+    path = cache_dir() / "verify_cost" / f"{cost_key(target, few_row_kernel=few_row_kernel, batch=True)}.json"
+    start = _read_curve(path) or straight(single)
+    return LearnedVerifyCost(start, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False)
+
+
+def straight(curve: VerifyCost) -> VerifyCost:
+    """The line through 1 at k = 0 and the curve's last measured point. A batch's forwards are all past the concave
+    start of one sequence's curve (B rows are B - 1 drafts' worth at w = 0), where a fit of a + b * (curve(k) - 1)
+    on a concave curve extended linearly would put the intercept `a` (the decode it rescales) below zero."""
+    last = len(curve.relative) - 1
+    slope = (curve.relative[last] - 1.0) / last if last else 0.0
+    return VerifyCost(tuple(1.0 + slope * k for k in range(last + 1)), curve.decode_seconds)
+
+
 def cache_dir() -> Path:
     """$SELFSPEC_CACHE_DIR, else $XDG_CACHE_HOME/selfspec, else ~/.cache/selfspec."""
     if os.environ.get(CACHE_DIR_ENV):
@@ -204,9 +241,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec"
 
 
-def cost_key(target, tree: bool = False, few_row_kernel: bool = False) -> str:
+def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bool = False) -> str:
     """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads,
-    whether the forwards verify trees and whether their few-row products run through selfspec's kernel."""
+    whether the forwards verify trees or batches and whether their few-row products run through selfspec's kernel."""
     model, device = target.model, target.device
     weight = target.lm_head.weight
     described = {
@@ -223,6 +260,8 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool = False) -> str:
         described["tree"] = True
     if few_row_kernel:
         described["few_row_kernel"] = True
+    if batch:
+        described["batch"] = True
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
 
 

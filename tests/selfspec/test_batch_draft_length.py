@@ -92,7 +92,8 @@ def test_probes_one_draft_after_steps_at_zero_backing_off_while_rejected():
     chosen on the evidence resets it to 8; never a probe when no row may draft.
     Catches (planted): no probe; the first probe at the 9th step (counter compared with >); no back-off; an accepted
     probe keeping the wait (round 7's rule: on the reference model at batch 8 such probes every 8 steps cost 11 %),
-    or resetting it; drafting on the evidence not resetting it; a probe when every cap is 0."""
+    or resetting it; drafting on the evidence not resetting it; a probe when every cap is 0; (round 14) no
+    `min_gain` (every step times the same here, so w = 1 ties w = 0, and the curve's noise chose w = 1 from step 24)."""
     planner = BatchDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64)
 
     def run(rows, num_steps, probe_accepted=()):
@@ -262,13 +263,14 @@ def test_greedy_rows_under_the_batch_width_equal_each_prompt_alone(drafter, monk
         assert [a for a, _ in spec.drafter.steps] == asked
 
 
-def test_the_width_follows_the_batchs_timings(monkeypatch):
+def test_the_width_follows_the_batchs_timings(monkeypatch, tmp_path):
     """From a CPU-like start curve: on a flat device the batch learns that width is free and drafts up to the rows'
     budgets (at most 8), growing to them; on one where every token costs a whole decode (drafting never pays) it
     learns that and stops, but for a few one-draft probes. The tokens are the same.
     Catches (planted): no timings observed (the flat device's widths stay at the start curve's 1-2)."""
     prompts, steps, sequences = prompts_of_different_lengths(), {}, {}
     for device, seconds in (("flat", lambda n: 1.0), ("steep", lambda n: float(n))):
+        monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path / device))  # two devices: neither finds the other's curve
         recorded = _Recorded(monkeypatch)
         spec = engine("llama", "ngram")
         monkeypatch.setattr(spec, "verify_cost", lambda: LearnedVerifyCost(CPU_LIKE))
@@ -283,6 +285,29 @@ def test_the_width_follows_the_batchs_timings(monkeypatch):
     assert all(full[-5:]) and all(width >= min(5, max(caps)) for width, caps in steps["flat"]), str(steps["flat"])
     widths = [width for width, _ in steps["steep"]]
     assert max(widths) == 1 and widths.count(1) <= len(widths) // 8 + 1, widths
+
+
+def test_a_batch_starts_from_what_earlier_batches_timed(monkeypatch):
+    """The batch curve is the wrapper's (`batch_verify_cost`), kept between its batches and on disk: on a flat device
+    the first batch grows its width one timed step at a time; the next one, of the same wrapper or of a new wrapper
+    (as a new process finds the kept curve), starts at the widths the first one timed. Same tokens.
+    Catches (planted): a private curve per batch (every batch starts again at width 1)."""
+    prompts = prompts_of_different_lengths()
+    recorded = _Recorded(monkeypatch)
+    spec = engine("llama", "ngram")
+    monkeypatch.setattr(spec, "verify_cost", lambda: LearnedVerifyCost(CPU_LIKE))
+    scripted_batch_clock(spec, monkeypatch, lambda n: 1.0)
+    first = spec.generate(prompts, max_new_tokens=40, eos_token_id=[]).sequences
+    again = spec.generate(prompts, max_new_tokens=40, eos_token_id=[]).sequences
+    new_wrapper = engine("llama", "ngram")
+    scripted_batch_clock(new_wrapper, monkeypatch, lambda n: 1.0)
+    kept = new_wrapper.generate(prompts, max_new_tokens=40, eos_token_id=[]).sequences
+    assert all(torch.equal(a, b) and torch.equal(a, c) for a, b, c in zip(first, again, kept))
+    first_widths, *later = ([width for width, _ in batch.steps] for batch in recorded.batches)
+    grown = [b - a for a, b in zip(first_widths, first_widths[1:]) if b > a]
+    assert first_widths[0] <= 1 and max(grown) == 1 and max(first_widths) >= 7, first_widths  # one step at a time
+    assert all(min(widths[:5]) >= 5 for widths in later), later
+    assert new_wrapper.batch_verify_cost().path == spec.batch_verify_cost().path != spec.verify_cost().path
 
 
 def test_unseeded_sampled_rows_under_the_batch_width_follow_the_model_law(monkeypatch):

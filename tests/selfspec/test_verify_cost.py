@@ -66,6 +66,27 @@ def test_a_cost_cliff_is_learned_and_kept():
     assert [reloaded(k) for k in range(5)] == pytest.approx([learned(k) for k in range(5)], rel=0.02)
 
 
+def test_a_batch_curve_keeps_each_total_it_timed():
+    """A batch's curve is indexed by its padded forward's tokens - 1, far past k = 8: with the few-row kernel a CPU's
+    cost is nearly flat up to 16 rows and jumps after (round 13: batch 8 at width 2, 24 rows, left the kernel). The
+    totals a batch timed (7, 15, 23) keep their own costs, saved and reloaded with how often each was timed.
+    Catches (planted): residuals kept only for k <= 8 (the jump read as a line through the totals); the batch's
+    curve kept non-decreasing (15 priced at the line's 14, 1.5)."""
+    measured = {7: 1.0, 15: 1.1, 23: 2.6}
+    target = TargetModel(tiny_model("llama"))
+    learned = verify_cost.learned_batch_verify_cost(target, prior_verify_cost(CPU))
+    for step in range(150):
+        n = (7, 15, 23)[step % 3]
+        learned.observe(n, 0.01 * measured[n])
+    relative = {n: learned(n) / learned(7) for n in measured}
+    assert relative == pytest.approx(measured, rel=0.06)
+    assert learned.knows(23) and not learned.knows(31)
+    learned.save()
+    reloaded = verify_cost.learned_batch_verify_cost(target, prior_verify_cost(CPU))  # as the next process finds it
+    assert reloaded.knows(23) and {n: reloaded(n) / reloaded(7) for n in measured} == pytest.approx(relative, rel=0.02)
+    assert reloaded.path == learned.path != verify_cost.learned_verify_cost(target).path
+
+
 def test_the_prior_is_concave_and_steeper_on_a_cpu():
     cpu, gpu = prior_verify_cost(CPU), prior_verify_cost(torch.device("cuda"))
     steps = [cpu(k + 1) - cpu(k) for k in range(8)]
@@ -112,6 +133,7 @@ def test_the_key_names_dtype_and_threads():
     assert key == cost_key(TargetModel(tiny_model("llama", seed=9)))  # the weights' values do not matter
     assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), tree=True)  # trees kept apart
     assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), few_row_kernel=True)  # its own
+    assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), batch=True)  # batches apart
 
 
 def test_an_engine_with_the_few_row_kernel_keeps_its_own_curve():
