@@ -43,7 +43,7 @@ class BatchDraftLength:
     The fit is trusted one width past the widest it has timed, no further: a line fitted to a few narrow steps
     extrapolates badly (measured on the reference model at batch 8: after 6 steps at w <= 2 it priced w = 8 so low
     that 16 steps ran at w = 8, 0.63x of w = 0), so the width grows one step at a time and each width is timed
-    before the next is priced; widths whose totals earlier batches timed (the curve's `timed`) count as timed.
+    before the next is priced; widths whose totals earlier batches timed (the curve's `was_timed`) count as timed.
 
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
@@ -79,8 +79,7 @@ class BatchDraftLength:
     def _trusted(self, width: int) -> bool:
         """Whether a step of this width was timed: in this batch, or by earlier ones at the current number of rows
         (the curve counts the forwards it timed per total)."""
-        total, timed = self._num_rows * (1 + width) - 1, self.cost_curve.timed
-        return width <= self.widest_timed or (0 <= total < len(timed) and timed[total] > 0)
+        return width <= self.widest_timed or self.cost_curve.was_timed(self._num_rows * (1 + width) - 1)
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""

@@ -127,6 +127,11 @@ class LearnedVerifyCost:
         until the cost of one draft is known, so that a pessimistic prior is corrected by measurement."""
         return 0 <= num_draft_tokens < self.size and self.timed[num_draft_tokens] >= KNOWN_AFTER
 
+    def was_timed(self, num_draft_tokens: int) -> bool:
+        """Whether any forward verifying this many drafts was timed (here or by the processes that kept the curve);
+        a batch's planner trusts a width once its total was (`BatchDraftLength`)."""
+        return 0 <= num_draft_tokens < self.size and self.timed[num_draft_tokens] > 0
+
     def fit(self, num_draft_tokens: int) -> float:
         """The smooth part, in units of the fit's intercept: the start curve, rescaled."""
         return 1.0 + self.scale * (self.start(num_draft_tokens) - 1.0)
