@@ -412,4 +412,4 @@ def _batch_planner(spec, options) -> BatchDraftLength | None:
     row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
     if options.num_draft_tokens != "auto" or options.reproducible:
         return None
-    return BatchDraftLength(cost_curve=spec.batch_verify_cost())
+    return BatchDraftLength(cost_curve=spec.batch_verify_cost(), seen_shapes=spec._batch_shapes)

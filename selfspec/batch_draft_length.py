@@ -52,7 +52,8 @@ class BatchDraftLength:
 
     def __init__(self, start: VerifyCost | None = None, max_draft_tokens: int = 8, probe_every: int = 8,
                  max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
-                 cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02):
+                 cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
+                 seen_shapes: set[tuple[int, int]] | None = None):
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
@@ -60,6 +61,9 @@ class BatchDraftLength:
                                            non_decreasing=False)
         self.cost_curve = cost_curve
         self.min_gain = min_gain  # a width > 0 only when expected this much faster than w = 0 (as one sequence's)
+        # (rows, 1 + width) blocks whose first forward ran: later ones are measurements (shared with the cost curve's
+        # other batches, like the engine's set for one sequence's draft sizes)
+        self.seen_shapes = set() if seen_shapes is None else seen_shapes
         self.overhead = StepOverhead(decay)
         self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
@@ -77,8 +81,9 @@ class BatchDraftLength:
         return self.probes.probing and self._trusted(1)
 
     def _trusted(self, width: int) -> bool:
-        """Whether a step of this width was timed: in this batch, or by earlier ones at the current number of rows
-        (the curve counts the forwards it timed per total)."""
+        """Whether a step this wide was timed: in this batch (at any number of rows), or a forward of the same total
+        tokens by any batch that taught the curve (it counts the forwards it timed per total, whatever their rows:
+        8 rows at w = 1 and 16 at w = 0 are both 15)."""
         return width <= self.widest_timed or self.cost_curve.was_timed(self._num_rows * (1 + width) - 1)
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
@@ -90,7 +95,7 @@ class BatchDraftLength:
         """rows: (the row's acceptance estimates, the most drafts it may take this step) -> the width w; the
         returned w never exceeds the largest cap (it is the padded block's draft part when the drafters deliver)."""
         best, best_rate, self._num_rows = 0, 0.0, len(rows)
-        widest = 1  # one width past the widest timed one
+        widest = min(1, self.max_draft_tokens)  # one width past the widest timed one
         while widest < self.max_draft_tokens and self._trusted(widest):
             widest += 1
         expected = [policy.expected_tokens_up_to(widest) for policy, _ in rows]  # [row][k]
@@ -121,8 +126,14 @@ class BatchDraftLength:
     def observe(self, drafted: list[int], num_accepted: int, verify_seconds: float, step_seconds: float) -> None:
         """A step ended: drafted[r] tokens were proposed by row r (rows in the forward, in any order), num_accepted
         of all of them were accepted, its verify forward (padded to 1 + max drafted tokens per row, and the logits)
-        took verify_seconds, the whole step step_seconds."""
+        took verify_seconds, the whole step step_seconds. The first forward of each block shape [rows, 1 + width]
+        is a warm-up, not a measurement (a GPU selects kernels for each new shape: 70-1200 ms against 5-8 ms after on
+        an H200, engine.py), so it teaches neither the curve (which keeps what it learns) nor the overhead."""
         self.probes.observed(num_accepted)
+        shape = (len(drafted), 1 + max(drafted))
+        if shape not in self.seen_shapes:
+            self.seen_shapes.add(shape)
+            return
         self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)

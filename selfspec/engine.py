@@ -97,6 +97,7 @@ class SelfSpecModel:
         self.few_row_linears = FewRowLinears(model, self.heads) if self.few_row_kernel else None
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
+        self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
         if self.tree_size:

@@ -20,7 +20,7 @@ import torch
 # Environment variable naming the directory for selfspec's cached curves; default $XDG_CACHE_HOME/selfspec, else
 # ~/.cache/selfspec (the usual place for data that can be rebuilt at any time).
 CACHE_DIR_ENV = "SELFSPEC_CACHE_DIR"
-MAX_DRAFT_TOKENS = 8  # the curve is kept for k = 0 .. 8 and extrapolated linearly beyond
+MAX_DRAFT_TOKENS = 8  # one sequence's curve is kept for k = 0 .. 8 and extrapolated linearly beyond
 # A timed step is learned from as at most this many times what it was predicted to cost: one stalled step (the OS, a
 # GPU's first forward of a new shape, which the engine also leaves untimed) otherwise teaches "auto" that drafting is
 # dear for many steps after (tests/selfspec/test_draft_length.py). A cost that really is higher is still learned:
@@ -119,7 +119,8 @@ class LearnedVerifyCost:
         built with non_decreasing=False (a batch's curve: `learned_batch_verify_cost`)."""
         if 0 <= num_draft_tokens < self.size:
             return self._relative[num_draft_tokens]
-        return max(1.0, max(self._raw(num_draft_tokens), self._highest_raw) / self._raw_decode)
+        raw = self._raw(num_draft_tokens)
+        return max(1.0, (max(raw, self._highest_raw) if self.non_decreasing else raw) / self._raw_decode)
 
     def knows(self, num_draft_tokens: int) -> bool:
         """Whether the cost of verifying this many drafts was timed (KNOWN_AFTER forwards, in this process or in those

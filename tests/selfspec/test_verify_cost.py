@@ -71,7 +71,8 @@ def test_a_batch_curve_keeps_each_total_it_timed():
     cost is nearly flat up to 16 rows and jumps after (round 13: batch 8 at width 2, 24 rows, left the kernel). The
     totals a batch timed (7, 15, 23) keep their own costs, saved and reloaded with how often each was timed.
     Catches (planted): residuals kept only for k <= 8 (the jump read as a line through the totals); the batch's
-    curve kept non-decreasing (15 priced at the line's 14, 1.5)."""
+    curve kept non-decreasing (15 priced at the line's 14, 1.5); residuals kept in units of the fit's intercept (it
+    fell ~15x as the line through 7 .. 23 was learned, and the early residuals were read at the new unit)."""
     measured = {7: 1.0, 15: 1.1, 23: 2.6}
     target = TargetModel(tiny_model("llama"))
     learned = verify_cost.learned_batch_verify_cost(target, prior_verify_cost(CPU))
