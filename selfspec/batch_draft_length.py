@@ -105,7 +105,7 @@ class BatchDraftLength:
                 break
             tokens = sum(row_expected[k] for row_expected, k in zip(expected, ks))
             rate = tokens / self.step_cost(len(rows), w, sum(ks))
-            if rate > best_rate * (1.0 + self.min_gain if w and not best else 1.0):  # w > 0 must beat w = 0 so
+            if rate > best_rate * (1.0 + self.min_gain if w and not best else 1.0):  # 1st w > 0 must beat w = 0 by it
                 best, best_rate = w, rate
         if best:
             best = self._explore(best, max(cap for _, cap in rows))

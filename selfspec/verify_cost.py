@@ -163,7 +163,7 @@ class LearnedVerifyCost:
         self._raw_decode, highest, relative = raw[0], 0.0, []
         for value in raw:
             highest = max(highest, value)
-            relative.append(max(1.0, (highest if self.non_decreasing else value) / raw[0]))
+            relative.append(max(1.0, highest / raw[0]))
         self._highest_raw, self._relative = highest, tuple(relative)
 
     @property
