@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from selfspec.draft_length import AdaptiveDraftLength, ProbeSchedule, StepOverhead
 from selfspec.verify_cost import (  # noqa: F401  (straight: re-exported, it lived here before round 14)
-    BATCH_CURVE_SIZE, LearnedVerifyCost, VerifyCost, clipped, straight,
+    LearnedVerifyCost, VerifyCost, batch_cost_curve, clipped, straight,
 )
 
 
@@ -57,8 +57,7 @@ class BatchDraftLength:
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
-            cost_curve = LearnedVerifyCost(straight(start), path=None, prior_weight=0.01, size=BATCH_CURVE_SIZE,
-                                           non_decreasing=False)
+            cost_curve = batch_cost_curve(straight(start))
         self.cost_curve = cost_curve
         self.min_gain = min_gain  # a width > 0 only when expected this much faster than w = 0 (as one sequence's)
         # (rows, 1 + width) blocks whose first forward ran: later ones are measurements (shared with the cost curve's

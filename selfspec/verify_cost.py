@@ -104,7 +104,6 @@ class LearnedVerifyCost:
         # old residuals in its old units then read as many times what they were.
         self._residual = [0.0] * size
         self._residual_weight = [0.0] * size
-        self._start_extra = [start(k) - 1.0 for k in range(size)]  # [k] the start curve's m, read every refresh
         self._intercept = start.decode_seconds  # the fit's a
         self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds
         self.decode_seconds = start.decode_seconds  # the decode as measured (fit + k = 0 residual); 0 until timed
@@ -156,10 +155,7 @@ class LearnedVerifyCost:
         if not self.non_decreasing:
             self._raw_decode, self._relative = self._raw(0), None
             return
-        scale, prior = self.scale, self.residual_prior
-        per_second = 1.0 / self._intercept if self._intercept > 0 else 0.0  # residual seconds -> intercept units
-        raw = [max(1e-3, 1.0 + scale * m + r * per_second / (w + prior))
-               for m, r, w in zip(self._start_extra, self._residual, self._residual_weight)]
+        raw = [self._raw(k) for k in range(self.size)]
         self._raw_decode, highest, relative = raw[0], 0.0, []
         for value in raw:
             highest = max(highest, value)
@@ -234,7 +230,11 @@ def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool =
     later one (a cheap 15 after an unmeasured 14 priced by a line through 7 .. 23), which a running maximum would
     carry over it."""
     path = cache_dir() / "verify_cost" / f"{cost_key(target, few_row_kernel=few_row_kernel, batch=True)}.json"
-    start = _read_curve(path) or straight(single)
+    return batch_cost_curve(_read_curve(path) or straight(single), path)
+
+
+def batch_cost_curve(start: VerifyCost, path: Path | None = None) -> LearnedVerifyCost:
+    """A batch's curve (see `learned_batch_verify_cost`) from `start`, kept at `path` (None: never saved)."""
     return LearnedVerifyCost(start, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False)
 
 
