@@ -159,7 +159,7 @@ def _add_generate(commands) -> None:
                        help="default: auto, i.e. the GPUs when any are visible (device_map='auto' through accelerate, "
                        "which also spreads a model too large for one GPU), else the CPU")
     where.add_argument("--few-row-kernel", choices=("auto", "on", "off"), default="auto",
-                       help="run a float32 CPU model's products over 2-16 rows (verification) through selfspec's "
+                       help="run a float32 CPU model's products over 2-32 rows (verification) through selfspec's "
                        "streaming kernel, compiled on first use with the system's C compiler (x86 with AVX2); auto: "
                        "where it builds; on: fail if it cannot; off: F.linear everywhere")
     where.add_argument("--threads", type=_int_at_least(1), metavar="N",

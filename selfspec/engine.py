@@ -78,7 +78,7 @@ class SelfSpecModel:
     as the tree, each with the accepted path's length accepted, so "auto" learns per-depth acceptance and the curve
     the real cost of verifying N; "auto" prices a tree k levels deep as the most nodes such a tree holds (the
     drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes.
-    few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-16
+    few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-32
     rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
     it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding) always run through F.linear.
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.

@@ -4,8 +4,10 @@ Verifying k drafts runs the target over 1 + k rows. On a GPU that costs about on
 not: on rounds 10-13's AMD EPYC (AVX2, MKL 2024.2, one thread) F.linear over 2 rows cost 1.5-2.3x one row and was
 nearly flat after, so SmolLM2 verified 1 draft for 1.4-1.6 decodes and 2-7 drafts for ~2 and no draft length paid.
 A one-row product streams the weights once; so does this kernel for up to MAX_ROWS rows (each weight row is read
-from memory once and multiplied by every row of x, which stays in L1): over 2-4 rows it costs about one row's time,
-over 8-16 rows 1.3-2.3x (F.linear there: 1.5-3.9x; `examples/adhoc/r13_few_row_kernel.py`). It is C
+from memory once and multiplied by every row of x, slice by slice in L1, while the next weights stream in): over
+2-8 rows it costs about one row's time, over 16 rows 1.1-1.8x, over 32 1.6-2.9x (F.linear: 1.8-2.9x, 2.2-3.5x,
+2.7-5.3x; round 13's kernel 1.2-1.5x over 8 rows, 1.7-2.3x over 16; `examples/adhoc/r13_few_row_kernel.py`, the
+kernel's own comment). It is C
 (selfspec/kernels/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory
 and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86 CPU, everything runs through F.linear
 as before.
@@ -35,7 +37,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-MIN_ROWS, MAX_ROWS = 2, 16  # one row stays on BLAS (plain decoding unchanged); beyond 16 BLAS's GEMM catches up
+MIN_ROWS, MAX_ROWS = 2, 32  # one row stays on BLAS (plain decoding unchanged); BLAS's GEMM catches up further
+# on (round 15's AMD EPYC: the kernel still ran at 0.6-0.8x of F.linear's time over 32-48 rows)
 SOURCE = Path(__file__).parent / "kernels" / "few_row_linear.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 SETTINGS = ("auto", "on", "off")
@@ -58,6 +61,12 @@ def resolve_few_row_kernel(setting: str | bool, device: torch.device, dtype: tor
     if why_not and setting == "on":
         raise ValueError(f"few_row_kernel='on' but {why_not}; pass few_row_kernel='auto' or 'off'")
     return why_not is None
+
+
+@lru_cache(maxsize=1)
+def kernel_version() -> str:
+    """A digest of the kernel's source: what a verify-cost curve learned with the kernel depends on."""
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
 def unavailable_reason() -> str | None:

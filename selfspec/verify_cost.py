@@ -224,7 +224,7 @@ def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool =
     curve, see `straight`); refined from every batch's timed forwards, shared by the batches of one wrapper and kept
     on disk after each, apart from one sequence's curve (a batched forward is shaped unlike one sequence's: each row
     attends over its own cache). Each total keeps what its own forwards cost (a CPU's cost jumps where a product
-    leaves the few-row kernel at 16 rows), and a weak pull towards the start's slope (a hundredth of a step at one unit
+    leaves the few-row kernel at 32 rows), and a weak pull towards the start's slope (a hundredth of a step at one unit
     of extra cost; a choice, not measured) lets the widths a batch explores show its own shape. Not kept
     non-decreasing: a batch times only totals B * (1 + w) - 1, and between two it timed the fit may lie above the
     later one (a cheap 15 after an unmeasured 14 priced by a line through 7 .. 23), which a running maximum would
@@ -271,8 +271,10 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bo
     }
     if tree:  # (chains keep the key they always had, so curves kept by earlier versions stay valid)
         described["tree"] = True
-    if few_row_kernel:
-        described["few_row_kernel"] = True
+    if few_row_kernel:  # (its version: a faster kernel makes a kept curve stale)
+        from selfspec.few_row_linear import kernel_version
+
+        described["few_row_kernel"] = kernel_version()
     if batch:
         described["batch"] = True
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]

@@ -1,4 +1,4 @@
-"""The few-row kernel: F.linear's values over 2-16 float32 rows, each row independent of its neighbours; layers
+"""The few-row kernel: F.linear's values over 2-32 float32 rows, each row independent of its neighbours; layers
 routed only inside the engine's steps and only for the products the kernel is for; the engine's output with it
 equal to the output without it; a clear error when it is demanded and cannot run; a quiet fallback when it does
 not build."""
@@ -21,8 +21,8 @@ def needs_kernel():
 
 
 @pytest.mark.usefixtures("needs_kernel")
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 16])
-@pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (300, 48)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 16, 32, 50])  # the kernel takes rows 3 at a time, 48 per sweep
+@pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (300, 48), (9, 600)])  # 600: 3 slices of K
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernel_computes_f_linear(rows, n_dim, k_dim, with_bias):
     g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
@@ -73,7 +73,7 @@ def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_ke
         torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
         assert counting_kernel.rows == [3, 3]
         model(torch.randn(1, 16))  # one row: plain decoding stays on F.linear
-        model(torch.randn(17, 16))  # beyond MAX_ROWS
+        model(torch.randn(frl.MAX_ROWS + 1, 16))  # beyond MAX_ROWS
         model.double()(torch.randn(4, 16, dtype=torch.float64))  # not float32
         model.float()
         with torch.enable_grad():

@@ -137,6 +137,19 @@ def test_the_key_names_dtype_and_threads():
     assert key != cost_key(TargetModel(tiny_model("llama", dtype=torch.float64)), batch=True)  # batches apart
 
 
+def test_the_key_names_the_kernels_version(monkeypatch):
+    """A curve learned with one version of the few-row kernel is not read with another (round 15's kernel verifies 8
+    drafts for about a decode where round 14's took ~1.3)."""
+    import selfspec.few_row_linear as frl
+
+    target = TargetModel(tiny_model("llama"))
+    key = cost_key(target, few_row_kernel=True)
+    assert key == cost_key(target, few_row_kernel=True)
+    monkeypatch.setattr(frl, "kernel_version", lambda: "another")
+    assert cost_key(target, few_row_kernel=True) != key
+    assert cost_key(target) == cost_key(target)  # without the kernel: no version in the key
+
+
 def test_an_engine_with_the_few_row_kernel_keeps_its_own_curve():
     from selfspec import SelfSpecModel
     from selfspec.few_row_linear import unavailable_reason
