@@ -72,12 +72,13 @@ class SelfSpecModel:
     max_ngram_size=3, exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
     tree_size: verify a tree of up to this many draft tokens per step instead of a chain (Medusa and EAGLE drafters
     build trees; others keep proposing chains); None or 0: chains; "auto": a node budget from this device's prior
-    verify cost (`resolve_tree_size`). Needs a model whose attention takes a custom 4D mask (checked here) and
-    cannot be combined with early exit. The draft-length policy's k then caps the tree's depth: the stats and the
-    verify-cost curve see a tree step as N drafted tokens (the nodes verified), the "auto" policy as a draft as deep
-    as the tree, each with the accepted path's length accepted, so "auto" learns per-depth acceptance and the curve
-    the real cost of verifying N; "auto" prices a tree k levels deep as the most nodes such a tree holds (the
-    drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes.
+    verify cost, or on a CPU with the few-row kernel the size measured best there (10; `resolve_tree_size`). Needs a
+    model whose attention takes a custom 4D mask (checked here) and cannot be combined with early exit. The
+    draft-length policy's k then caps the tree's depth: the stats and the verify-cost curve see a tree step as N
+    drafted tokens (the nodes verified), the "auto" policy as a draft as deep as the tree, each with the accepted
+    path's length accepted, so "auto" learns per-depth acceptance and the curve the real cost of verifying N; "auto"
+    prices a tree k levels deep as the most nodes such a tree holds (the drafter's `max_tree_nodes`), so on a CPU a
+    tree must earn its nodes.
     few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-32
     rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
     it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding) always run through F.linear.
@@ -99,7 +100,7 @@ class SelfSpecModel:
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
-        self.tree_size = resolve_tree_size(tree_size, self.target.device)  # 0: chains
+        self.tree_size = resolve_tree_size(tree_size, self.target.device, self.few_row_kernel)  # 0: chains
         if self.tree_size:
             check_tree_drafting(self.drafter, self.target)
 

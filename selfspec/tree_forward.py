@@ -122,13 +122,22 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
 # change when a later process has learned another curve.
 AUTO_TREE_VERIFY_COST = 2.0
 MAX_TREE_SIZE = 64
+# "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/few_row_linear.py), measured: round
+# 15, SmolLM2 with its EAGLE head on the AMD EPYC, greedy, trees of 6 / 10 / 16 / 24 nodes at 1.49x / 1.66x / 1.53x /
+# 1.55x of generate (the chain 1.54x), sampled 1.32x / 1.48x / 1.33x / 1.20x (the chain 1.62x)
+# (examples/adhoc/r15_tree_sweep.py 3 2 96). Wider trees verify fewer tokens per forward there: "auto" prices a tree
+# d levels deep at its most nodes, min(N, 4 + 16 (d - 1)), so with N >= 16 it mostly drafts one level.
+AUTO_TREE_SIZE_FEW_ROW_KERNEL = 10
 
 
-def resolve_tree_size(tree_size, device) -> int:
-    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> the node budget this device's prior curve affords."""
+def resolve_tree_size(tree_size, device, few_row_kernel: bool = False) -> int:
+    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> the node budget this device's prior curve affords, or
+    on a CPU with the few-row kernel the size measured best there."""
     if tree_size is None:
         return 0
     if tree_size == "auto":
+        if few_row_kernel and torch.device(device).type == "cpu":
+            return AUTO_TREE_SIZE_FEW_ROW_KERNEL
         cost = prior_verify_cost(torch.device(device))
         return max(n for n in range(1, MAX_TREE_SIZE + 1) if n == 1 or cost(n) <= AUTO_TREE_VERIFY_COST)
     if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0:

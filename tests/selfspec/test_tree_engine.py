@@ -12,6 +12,7 @@ from transformers import AttentionInterface
 import selfspec.verify_step
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import Draft, DraftContext
+from selfspec.few_row_linear import unavailable_reason
 from selfspec.tree_forward import resolve_tree_size
 from selfspec.sampling import SamplingConfig
 from selfspec.tree_verifier import try_sampled_child, walk_tree
@@ -260,6 +261,20 @@ def test_chain_drafters_keep_proposing_chains_with_tree_size():
     ngram = SelfSpecModel(model, drafter="ngram", tree_size=4)
     assert torch.equal(ngram.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
     assert SelfSpecModel(model, drafter="ngram").tree_size == 0
+
+
+def test_auto_tree_size_with_the_few_row_kernel_is_the_measured_one():
+    """On a CPU whose products run through the few-row kernel, "auto" is the size measured best there (10), not the
+    prior curve's (6); on an accelerator the prior's; the wrapper passes whether its kernel is on."""
+    assert resolve_tree_size("auto", "cpu", few_row_kernel=True) == 10
+    assert resolve_tree_size("auto", "cpu", few_row_kernel=False) == 6
+    assert resolve_tree_size("auto", "cuda", few_row_kernel=True) == resolve_tree_size("auto", "cuda") == 47
+    assert resolve_tree_size(5, "cpu", few_row_kernel=True) == 5
+    model = tiny_model(dtype=torch.float32)
+    off = SelfSpecModel(model, drafter="ngram", tree_size="auto", few_row_kernel="off")
+    assert off.tree_size == 6
+    if unavailable_reason() is None:
+        assert SelfSpecModel(model, drafter="ngram", tree_size="auto").tree_size == 10
     assert SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
 
 
