@@ -38,12 +38,19 @@ class BatchDraftLength:
     The cost's shape can only be learned from steps of different widths, and a batched forward is not shaped like
     one sequence's (measured on SmolLM2 at batch 8: each row's attention over its own cache makes the base cost far
     higher, so extra tokens cost relatively less): so after `explore_every` steps at the same width w > 0, one step
-    runs at a neighbouring width (w - 1 and w + 1 in turn), a small price for a fit that can tell them apart.
+    runs at another width (w + 1, w - 1 and 0 in turn), a small price for a fit that can tell them apart.
 
     The fit is trusted one width past the widest it has timed, no further: a line fitted to a few narrow steps
     extrapolates badly (measured on the reference model at batch 8: after 6 steps at w <= 2 it priced w = 8 so low
     that 16 steps ran at w = 8, 0.63x of w = 0), so the width grows one step at a time and each width is timed
     before the next is priced; widths whose totals earlier batches timed (the curve's `was_timed`) count as timed.
+
+    The model can still be wrong where a step's cost is not shaped as it assumes (a drafter's call that costs the same
+    whatever it drafts; per-row work of a tiny model): on the reference model at batch 8 it chose w = 2 for a step
+    that emitted 1.3x the tokens for 1.5x the time (fixed w = 2 ran at 0.85x of w = 0, round 15). So every timed
+    step also counts, per (rows, width), the tokens it emitted and the seconds it took (decayed like the overhead),
+    and a width gives way to the narrower one measured fastest at the same number of rows, if faster (explorations
+    measure w + 1, w - 1 and 0 in turn): the model proposes, the measured rates overrule it.
 
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
@@ -67,9 +74,11 @@ class BatchDraftLength:
         self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
         self.explore_every = explore_every
-        self._last_width, self._same_width_steps, self._explore_up = 0, 0, False
+        self._last_width, self._same_width_steps, self._explore_turn = 0, 0, 0
         self.widest_timed = 0  # the widest block (drafts per row) a timed step of this batch has verified
         self._num_rows = 0  # rows at the last choice
+        self.decay = decay
+        self.measured: dict[tuple[int, int], list[float]] = {}  # (rows, width) -> decayed [steps, tokens, seconds]
 
     def probe_in_shadow(self, full_forward: bool = True) -> bool:
         """Whether the width the last choose() returned is a probe whose one-token drafts are scored in shadow
@@ -106,21 +115,37 @@ class BatchDraftLength:
             rate = tokens / self.step_cost(len(rows), w, sum(ks))
             if rate > best_rate * (1.0 + self.min_gain if w and not best else 1.0):  # 1st w > 0 must beat w = 0 by it
                 best, best_rate = w, rate
+        best = self._measured_down(best, len(rows))
         if best:
             best = self._explore(best, max(cap for _, cap in rows))
         return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows))
 
+    def measured_rate(self, num_rows: int, width: int) -> float | None:
+        """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted (None: fewer than 2)."""
+        steps, tokens, seconds = self.measured.get((num_rows, width), (0.0, 0.0, 0.0))
+        return tokens / seconds if steps >= 2 and seconds > 0 else None
+
+    def _measured_down(self, width: int, num_rows: int) -> int:
+        """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster."""
+        here = self.measured_rate(num_rows, width)
+        if here is None:
+            return width
+        rates = [(self.measured_rate(num_rows, w), w) for w in range(width)]
+        faster = [(rate, w) for rate, w in rates if rate is not None and rate > here]
+        return max(faster)[1] if faster else width
+
     def _explore(self, width: int, widest: int) -> int:
-        """After `explore_every` steps at the same width w > 0, one step at w - 1 or w + 1 (in turn, within the
-        rows' caps), so the timings cover more than one width."""
+        """After `explore_every` steps at the same width w > 0, one step at w + 1, then w - 1, then 0 (in turn; up
+        only within the rows' caps), so the timings cover more than one width and the measured rates include no
+        drafts at all."""
         self._same_width_steps = self._same_width_steps + 1 if width == self._last_width else 1
         self._last_width = width
         if not self.explore_every or self._same_width_steps < self.explore_every:
             return width
-        self._same_width_steps, self._explore_up = 0, not self._explore_up
-        if self._explore_up and width < min(widest, self.max_draft_tokens):
+        self._same_width_steps, self._explore_turn = 0, (self._explore_turn + 1) % 3
+        if self._explore_turn == 1 and width < min(widest, self.max_draft_tokens):
             return width + 1
-        return width - 1
+        return 0 if self._explore_turn == 0 else width - 1
 
     def observe(self, drafted: list[int], num_accepted: int, verify_seconds: float, step_seconds: float) -> None:
         """A step ended: drafted[r] tokens were proposed by row r (rows in the forward, in any order), num_accepted
@@ -128,11 +153,17 @@ class BatchDraftLength:
         took verify_seconds, the whole step step_seconds. The first forward of each block shape [rows, 1 + width]
         is a warm-up, not a measurement (a GPU selects kernels for each new shape: 70-1200 ms against 5-8 ms after on
         an H200, engine.py), so it teaches neither the curve (which keeps what it learns) nor the overhead."""
+        shadow_probe = self.probe_in_shadow()  # (its drafter ran, its forward did not widen: neither width's rate)
         self.probes.observed(num_accepted)
         shape = (len(drafted), 1 + max(drafted))
         if shape not in self.seen_shapes:
             self.seen_shapes.add(shape)
             return
+        if not shadow_probe:
+            counts = self.measured.setdefault((len(drafted), max(drafted)), [0.0, 0.0, 0.0])
+            emitted = len(drafted) + num_accepted  # each row's next token, and the drafts accepted
+            for i, value in enumerate((1.0, emitted, step_seconds)):
+                counts[i] = self.decay * counts[i] + value
         self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)

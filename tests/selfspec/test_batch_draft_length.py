@@ -186,6 +186,33 @@ def test_learns_what_each_drafted_token_costs():
     assert planner.choose(rows) == 0
 
 
+@pytest.mark.parametrize("case", ["drafter call", "overstated acceptance"])
+def test_measured_rates_overrule_a_model_that_prices_drafting_too_low(case):
+    """Two ways the model can price drafting too low at batch 8, each brought down to w = 0 (probing now and then).
+    "drafter call": the forward costs what the curve says, but every drafting step also pays 0.03 s for the drafter's
+    call whatever it drafts (not shaped per step + per token), so rows accepting 70 % emit most tokens per second at
+    w = 0 (8 tokens in 0.0205 s, w = 2 17.5 in 0.0745 s): explorations that include w = 0 measure it. "overstated
+    acceptance": the rows' estimates say 70 % but the drafts are accepted 15 % of the time (estimates lag, or the
+    prior still holds them up), so the model keeps drafting; the rates measured per width overrule it.
+    Catches (planted): explorations never at w = 0 ("drafter call"); no step down to the width measured fastest
+    ("overstated acceptance"); rates counted for shadow probes' steps (the assert on w = 0's rate)."""
+    accepted_rate, call_seconds = (0.7, 0.03) if case == "drafter call" else (0.15, 0.0)
+    planner = BatchDraftLength(CPU_LIKE)
+    rows = [row(0.7) for _ in range(8)]
+    g = torch.Generator().manual_seed(0)
+    widths = []
+    for _ in range(300):
+        w = planner.choose(rows)
+        forward_width = 0 if planner.probe_in_shadow() else w
+        accepted = sum(int(torch.rand(forward_width, generator=g).lt(accepted_rate).cumprod(0).sum()) for _ in rows)
+        verify = 0.01 * CPU_LIKE(8 * (1 + forward_width) - 1)
+        planner.observe([forward_width] * 8, accepted, verify, verify + (call_seconds if w else 0.0))
+        widths.append(w)
+    assert max(widths[:20]) >= 1  # the model drafted first
+    assert widths[-100:].count(0) >= 85 and max(widths[-100:]) <= 1  # off, but for probes and explorations
+    assert planner.measured_rate(8, 0) == pytest.approx(8 / (0.01 * CPU_LIKE(7)), rel=1e-6)  # no probe counted
+
+
 def test_batch_rows_learn_that_their_drafter_declines(monkeypatch):
     """Under the batch's width the rows' policies do not choose, so they are told what each row's drafter was asked
     for: a drafter that proposes nothing for half the rows is priced as declining half the time, not as a drafter
