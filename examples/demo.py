@@ -36,9 +36,19 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each, interleaved; the median is shown")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings on a small model")
-    parser.add_argument("--tree-size", default=None, type=lambda v: v if v == "auto" else int(v),
+    parser.add_argument("--tree-size", default=None, type=tree_size,
                         help="verify a tree of this many draft tokens per step (an int, or auto); default: a chain")
     return parser.parse_args(argv)
+
+
+def tree_size(value: str) -> int | str:
+    """--tree-size: "auto" or a number of nodes."""
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {value!r}") from None
 
 
 def default_heads(model: str) -> str:

@@ -48,9 +48,12 @@ class BatchDraftLength:
     The model can still be wrong where a step's cost is not shaped as it assumes (a drafter's call that costs the same
     whatever it drafts; per-row work of a tiny model): on the reference model at batch 8 it chose w = 2 for a step
     that emitted 1.3x the tokens for 1.5x the time (fixed w = 2 ran at 0.85x of w = 0, round 15). So every timed
-    step also counts, per (rows, width), the tokens it emitted and the seconds it took (decayed like the overhead),
-    and a width gives way to the narrower one measured fastest at the same number of rows, if faster (explorations
-    measure w + 1, w - 1 and 0 in turn): the model proposes, the measured rates overrule it.
+    step also counts, per (rows, width), the tokens it emitted and the seconds it took (decayed by `decay` whenever
+    that shape is timed again), and a width gives way to the narrower one measured fastest at the same number of
+    rows, if faster (explorations measure w + 1, w - 1 and 0 in turn): the model proposes, the measured rates overrule
+    it. A rate needs two timed steps (one step's time is noise) and is forgotten `forget_after` timed steps after its
+    shape last ran (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried again: at w = 0
+    nothing else re-measures wider widths (probes are scored in shadow). 64 is a choice, not measured.
 
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
@@ -60,7 +63,7 @@ class BatchDraftLength:
     def __init__(self, start: VerifyCost | None = None, max_draft_tokens: int = 8, probe_every: int = 8,
                  max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
                  cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
-                 seen_shapes: set[tuple[int, int]] | None = None):
+                 seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64):
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
@@ -77,8 +80,9 @@ class BatchDraftLength:
         self._last_width, self._same_width_steps, self._explore_turn = 0, 0, 0
         self.widest_timed = 0  # the widest block (drafts per row) a timed step of this batch has verified
         self._num_rows = 0  # rows at the last choice
-        self.decay = decay
-        self.measured: dict[tuple[int, int], list[float]] = {}  # (rows, width) -> decayed [steps, tokens, seconds]
+        self.decay, self.forget_after, self._timed_steps = decay, forget_after, 0
+        # (rows, width) -> [decayed steps, decayed tokens emitted, decayed seconds, the timed step it last ran]
+        self.measured: dict[tuple[int, int], list[float]] = {}
 
     def probe_in_shadow(self, full_forward: bool = True) -> bool:
         """Whether the width the last choose() returned is a probe whose one-token drafts are scored in shadow
@@ -121,9 +125,12 @@ class BatchDraftLength:
         return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows))
 
     def measured_rate(self, num_rows: int, width: int) -> float | None:
-        """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted (None: fewer than 2)."""
-        steps, tokens, seconds = self.measured.get((num_rows, width), (0.0, 0.0, 0.0))
-        return tokens / seconds if steps >= 2 and seconds > 0 else None
+        """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted; None for fewer than two
+        such steps (a decayed count below 1.5), or none in the last `forget_after` timed steps."""
+        steps, tokens, seconds, last = self.measured.get((num_rows, width), (0.0, 0.0, 0.0, 0))
+        if steps < 1.5 or seconds <= 0 or self._timed_steps - last > self.forget_after:
+            return None
+        return tokens / seconds
 
     def _measured_down(self, width: int, num_rows: int) -> int:
         """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster."""
@@ -159,11 +166,13 @@ class BatchDraftLength:
         if shape not in self.seen_shapes:
             self.seen_shapes.add(shape)
             return
+        self._timed_steps += 1
         if not shadow_probe:
-            counts = self.measured.setdefault((len(drafted), max(drafted)), [0.0, 0.0, 0.0])
+            counts = self.measured.setdefault((len(drafted), max(drafted)), [0.0, 0.0, 0.0, 0])
             emitted = len(drafted) + num_accepted  # each row's next token, and the drafts accepted
             for i, value in enumerate((1.0, emitted, step_seconds)):
                 counts[i] = self.decay * counts[i] + value
+            counts[3] = self._timed_steps
         self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)

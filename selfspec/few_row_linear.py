@@ -6,8 +6,8 @@ nearly flat after, so SmolLM2 verified 1 draft for 1.4-1.6 decodes and 2-7 draft
 A one-row product streams the weights once; so does this kernel for up to MAX_ROWS rows (each weight row is read
 from memory once and multiplied by every row of x, slice by slice in L1, while the next weights stream in): over
 2-8 rows it costs about one row's time, over 16 rows 1.1-1.8x, over 32 1.6-2.9x (F.linear: 1.8-2.9x, 2.2-3.5x,
-2.7-5.3x; round 13's kernel 1.2-1.5x over 8 rows, 1.7-2.3x over 16; `examples/adhoc/r13_few_row_kernel.py`, the
-kernel's own comment). It is C
+2.7-5.3x; rounds 13-14's kernel 1.2-1.5x over 8 rows, 1.7-2.3x over 16; round 15, a microbenchmark of SmolLM2's
+shapes as in `examples/adhoc/r13_few_row_kernel.py`; the kernel's own comment). It is C
 (selfspec/kernels/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory
 and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86 CPU, everything runs through F.linear
 as before.
@@ -37,8 +37,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-MIN_ROWS, MAX_ROWS = 2, 32  # one row stays on BLAS (plain decoding unchanged); BLAS's GEMM catches up further
-# on (round 15's AMD EPYC: the kernel still ran at 0.6-0.8x of F.linear's time over 32-48 rows)
+# One row stays on BLAS (plain decoding unchanged). 32: what this CPU's batches and trees use (batch 8 at w <= 3,
+# trees of up to 31 nodes), where the kernel was measured faster (round 15's AMD EPYC: still 0.6-0.8x of F.linear's
+# time over 32-48 rows, so the bound is conservative here); a CPU with a faster small-M GEMM may catch up sooner.
+MIN_ROWS, MAX_ROWS = 2, 32
 SOURCE = Path(__file__).parent / "kernels" / "few_row_linear.c"
 FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
 SETTINGS = ("auto", "on", "off")

@@ -125,8 +125,10 @@ MAX_TREE_SIZE = 64
 # "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/few_row_linear.py), measured: round
 # 15, SmolLM2 with its EAGLE head on the AMD EPYC, greedy, trees of 6 / 10 / 16 / 24 nodes at 1.49x / 1.66x / 1.53x /
 # 1.55x of generate (the chain 1.54x), sampled 1.32x / 1.48x / 1.33x / 1.20x (the chain 1.62x)
-# (examples/adhoc/r15_tree_sweep.py 3 2 96). Wider trees verify fewer tokens per forward there: "auto" prices a tree
-# d levels deep at its most nodes, min(N, 4 + 16 (d - 1)), so with N >= 16 it mostly drafts one level.
+# (examples/adhoc/r15_tree_sweep.py 3 2 96): 10 the best tree in both modes; sampled, the chain was faster in that
+# sweep but not in the benchmark's table (tree of 10 1.56x, chain 1.49x). Wider trees verify fewer tokens per
+# forward there: "auto" prices a tree d levels deep at its most nodes, min(N, 4 + 16 (d - 1)), so with N >= 16 it
+# mostly drafts one level.
 AUTO_TREE_SIZE_FEW_ROW_KERNEL = 10
 
 

@@ -2,7 +2,8 @@
  *
  * Streams each weight row from memory once for all rows of x: four weight rows at a time are multiplied by every
  * row of x, three rows of x at a time (12 accumulators in registers), over slices of K_SLICE columns so that the
- * four weight slices and the rows' slices stay in L1 (a row's 8-lane partial sums wait in `partial` between slices).
+ * four weight slices and the three rows' slices in use stay in L1 (a row's 8-lane partial sums wait in `partial`
+ * between slices).
  * While one block of weight rows is multiplied, the next block is prefetched a cache line at a time, spread over
  * all the block's passes so that memory streams while the arithmetic runs (round 15, SmolLM2's shapes: over 8 rows
  * the product costs 0.9-1.2 one-row products, over 16 1.1-1.8, over 32 1.6-2.9, against 1.2-1.5 and 1.7-2.3 for
@@ -17,6 +18,7 @@
 
 #define K_SLICE 256  /* columns per slice: 4 weight rows (4 KB) + 3 rows of x (3 KB) in L1 */
 #define GROUP 48     /* rows of x per sweep over the weights (more rows: one sweep per group) */
+_Static_assert(GROUP % 3 == 0, "row_group takes rows three at a time: partial[] holds GROUP rows");
 
 static inline float sum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

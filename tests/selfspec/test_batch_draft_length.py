@@ -193,7 +193,8 @@ def test_measured_rates_overrule_a_model_that_prices_drafting_too_low(case):
     call whatever it drafts (not shaped per step + per token), so rows accepting 70 % emit most tokens per second at
     w = 0 (8 tokens in 0.0205 s, w = 2 17.5 in 0.0745 s): explorations that include w = 0 measure it. "overstated
     acceptance": the rows' estimates say 70 % but the drafts are accepted 15 % of the time (estimates lag, or the
-    prior still holds them up), so the model keeps drafting; the rates measured per width overrule it.
+    prior still holds them up), so the model keeps drafting; the rates measured per width overrule it. (Shadow probes
+    cost nothing extra in the second case, so only the first tells whether they were counted.)
     Catches (planted): explorations never at w = 0 ("drafter call"); no step down to the width measured fastest
     ("overstated acceptance"); rates counted for shadow probes' steps (the assert on w = 0's rate)."""
     accepted_rate, call_seconds = (0.7, 0.03) if case == "drafter call" else (0.15, 0.0)
@@ -209,8 +210,28 @@ def test_measured_rates_overrule_a_model_that_prices_drafting_too_low(case):
         planner.observe([forward_width] * 8, accepted, verify, verify + (call_seconds if w else 0.0))
         widths.append(w)
     assert max(widths[:20]) >= 1  # the model drafted first
-    assert widths[-100:].count(0) >= 85 and max(widths[-100:]) <= 1  # off, but for probes and explorations
+    assert widths[-100:].count(0) >= 85  # off, but for probes and, every 64 steps, a few steps re-measuring w > 0
     assert planner.measured_rate(8, 0) == pytest.approx(8 / (0.01 * CPU_LIKE(7)), rel=1e-6)  # no probe counted
+    assert any(planner.measured_rate(8, w) for w in range(1, 9))  # wider widths were measured, and slower
+    assert all(planner.measured_rate(8, w) is None or planner.measured_rate(8, w) < planner.measured_rate(8, 0)
+               for w in range(1, 9))
+
+
+def test_measured_rates_need_two_steps_and_are_forgotten_when_stale():
+    """A shape's rate counts from its second timed step and is forgotten `forget_after` timed steps after it last
+    ran, so a width overruled long ago gets tried again (at w = 0 nothing else re-measures it).
+    Catches (planted): rates never forgotten; a rate from one step."""
+    planner = BatchDraftLength(CPU_LIKE, forget_after=10)
+    planner.seen_shapes |= {(4, 1), (4, 3)}  # (no warm-ups)
+    planner.observe([2, 1, 0, 2], 3, 0.01, 0.02)
+    assert planner.measured_rate(4, 2) is None  # one step: not yet a rate
+    planner.observe([2, 2, 0, 2], 1, 0.01, 0.02)
+    assert planner.measured_rate(4, 2) == pytest.approx((0.9 * 7 + 5) / (0.9 * 0.02 + 0.02))
+    for _ in range(10):
+        planner.observe([0, 0, 0, 0], 0, 0.01, 0.01)
+    assert planner.measured_rate(4, 2) is not None and planner.measured_rate(4, 0) == pytest.approx(400)
+    planner.observe([0, 0, 0, 0], 0, 0.01, 0.01)
+    assert planner.measured_rate(4, 2) is None  # 11 timed steps since it last ran
 
 
 def test_batch_rows_learn_that_their_drafter_declines(monkeypatch):

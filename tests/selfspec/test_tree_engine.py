@@ -261,21 +261,25 @@ def test_chain_drafters_keep_proposing_chains_with_tree_size():
     ngram = SelfSpecModel(model, drafter="ngram", tree_size=4)
     assert torch.equal(ngram.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
     assert SelfSpecModel(model, drafter="ngram").tree_size == 0
+    assert SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
 
 
 def test_auto_tree_size_with_the_few_row_kernel_is_the_measured_one():
     """On a CPU whose products run through the few-row kernel, "auto" is the size measured best there (10), not the
-    prior curve's (6); on an accelerator the prior's; the wrapper passes whether its kernel is on."""
+    prior curve's (6); on an accelerator the prior's; a wrapper without the kernel gets the prior's."""
     assert resolve_tree_size("auto", "cpu", few_row_kernel=True) == 10
     assert resolve_tree_size("auto", "cpu", few_row_kernel=False) == 6
     assert resolve_tree_size("auto", "cuda", few_row_kernel=True) == resolve_tree_size("auto", "cuda") == 47
     assert resolve_tree_size(5, "cpu", few_row_kernel=True) == 5
-    model = tiny_model(dtype=torch.float32)
-    off = SelfSpecModel(model, drafter="ngram", tree_size="auto", few_row_kernel="off")
+    off = SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", tree_size="auto", few_row_kernel="off")
     assert off.tree_size == 6
-    if unavailable_reason() is None:
-        assert SelfSpecModel(model, drafter="ngram", tree_size="auto").tree_size == 10
-    assert SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
+
+
+def test_a_wrapper_with_the_few_row_kernel_passes_it_to_auto_tree_size():
+    if unavailable_reason() is not None:
+        pytest.skip(f"kernel unavailable: {unavailable_reason()}")
+    spec = SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", tree_size="auto")
+    assert spec.few_row_kernel and spec.tree_size == 10
 
 
 class TreeOfTwo:
