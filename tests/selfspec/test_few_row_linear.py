@@ -8,16 +8,9 @@ import torch.nn.functional as F
 
 from selfspec import SelfSpecModel
 from selfspec import few_row_linear as frl
-from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel, unavailable_reason
+from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
 from tests.conftest import random_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
-
-
-@pytest.fixture
-def needs_kernel():
-    """Skip where the kernel cannot run (not x86 with AVX2, no C compiler); built in the test's private cache dir."""
-    if unavailable_reason() is not None:
-        pytest.skip(f"kernel unavailable: {unavailable_reason()}")
 
 
 @pytest.mark.usefixtures("needs_kernel")

@@ -12,7 +12,6 @@ from transformers import AttentionInterface
 import selfspec.verify_step
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import Draft, DraftContext
-from selfspec.few_row_linear import unavailable_reason
 from selfspec.tree_forward import resolve_tree_size
 from selfspec.sampling import SamplingConfig
 from selfspec.tree_verifier import try_sampled_child, walk_tree
@@ -275,9 +274,8 @@ def test_auto_tree_size_with_the_few_row_kernel_is_the_measured_one():
     assert off.tree_size == 6
 
 
+@pytest.mark.usefixtures("needs_kernel")
 def test_a_wrapper_with_the_few_row_kernel_passes_it_to_auto_tree_size():
-    if unavailable_reason() is not None:
-        pytest.skip(f"kernel unavailable: {unavailable_reason()}")
     spec = SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", tree_size="auto")
     assert spec.few_row_kernel and spec.tree_size == 10
 

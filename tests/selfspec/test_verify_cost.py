@@ -150,12 +150,10 @@ def test_the_key_names_the_kernels_version(monkeypatch):
     assert cost_key(target) == without  # without the kernel: no version in the key
 
 
+@pytest.mark.usefixtures("needs_kernel")
 def test_an_engine_with_the_few_row_kernel_keeps_its_own_curve():
     from selfspec import SelfSpecModel
-    from selfspec.few_row_linear import unavailable_reason
 
-    if unavailable_reason():
-        pytest.skip(f"kernel unavailable: {unavailable_reason()}")
     model = tiny_model("llama", dtype=torch.float32)
     with_kernel, without = SelfSpecModel(model, drafter="ngram"), SelfSpecModel(model, drafter="ngram",
                                                                                 few_row_kernel="off")
