@@ -95,7 +95,8 @@ class SelfSpecModel:
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         dtype = self.target.lm_head.weight.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
-        self.few_row_linears = FewRowLinears(model, self.heads) if self.few_row_kernel else None
+        self.few_row_linears = (FewRowLinears(model, self.heads, self._draft_vocab_head()) if self.few_row_kernel
+                                else None)
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
@@ -108,6 +109,14 @@ class SelfSpecModel:
     def heads(self):
         """The heads the drafter owns: MedusaHeads or an EagleHead (None for other drafters)."""
         return getattr(self.drafter, "heads", None) or getattr(self.drafter, "head", None)
+
+    def _draft_vocab_head(self) -> torch.nn.Linear | None:
+        """The LM head's rows of the heads' draft vocabulary (their drafts' logits; a tree's levels project several
+        rows at once), or None when the heads project onto the whole vocabulary."""
+        vocab = getattr(self.heads, "draft_vocab", None)
+        if vocab is None or getattr(self.heads, "lm_heads", None) is not None:  # (Medusa heads' own projections)
+            return None
+        return self.target.lm_head_rows(vocab)
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,

@@ -91,7 +91,7 @@ class TargetModel:
 
         vocab_ids [N] (a draft vocabulary): only those rows of the LM head, [..., N] logits (N/vocab of the cost).
         """
-        logits = self.lm_head(hidden) if vocab_ids is None else self._lm_head_rows(vocab_ids)(hidden)
+        logits = self.lm_head(hidden) if vocab_ids is None else self.lm_head_rows(vocab_ids)(hidden)
         if self._scale is not None:
             logits = logits * self._scale
         if self._divide is not None:
@@ -100,15 +100,19 @@ class TargetModel:
             logits = torch.tanh(logits / self._softcap) * self._softcap
         return logits
 
-    def _lm_head_rows(self, vocab_ids: torch.Tensor):
-        """A linear map onto the LM head's rows `vocab_ids`; the sliced weight is kept for the last vocab_ids seen
-        (slicing 8k rows of a 49k x 576 head per draft token would cost more than the projection itself)."""
+    def lm_head_rows(self, vocab_ids: torch.Tensor) -> torch.nn.Linear:
+        """The LM head restricted to the rows `vocab_ids` (a draft vocabulary), as an nn.Linear (so the engine can
+        route its few-row products through selfspec's kernel, `few_row_linear.FewRowLinears`). Kept for the last
+        vocab_ids seen: slicing 8k rows of a 49k x 576 head per draft token would cost more than the projection."""
         if self._rows_for is not vocab_ids:
             weight = self.lm_head.weight.detach()[vocab_ids]
-            bias = None if getattr(self.lm_head, "bias", None) is None else self.lm_head.bias.detach()[vocab_ids]
-            self._rows_for, self._rows = vocab_ids, (weight, bias)
-        weight, bias = self._rows
-        return lambda hidden: torch.nn.functional.linear(hidden, weight, bias)
+            bias = getattr(self.lm_head, "bias", None)
+            rows = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")
+            rows.weight = torch.nn.Parameter(weight, requires_grad=False)
+            if bias is not None:
+                rows.bias = torch.nn.Parameter(bias.detach()[vocab_ids], requires_grad=False)
+            self._rows_for, self._rows = vocab_ids, rows.requires_grad_(False)
+        return self._rows
 
     @torch.no_grad()
     def _check_logits(self) -> None:

@@ -2,7 +2,8 @@
 plain generate vs the chain ("auto") vs trees of each size N (tree_size=N, "auto" draft length), greedy or sampled
 (T=0.7, top-p 0.9, unseeded: speed only), interleaved in a random order per round; median speedup over generate,
 tokens per forward, and (greedy) whether every run's tokens equal generate's.
-Usage: python examples/adhoc/r15_tree_sweep.py ROUNDS NUM_PROMPTS MAX_NEW_TOKENS greedy|sampled N [N ...]"""
+Usage: python examples/adhoc/r15_tree_sweep.py ROUNDS NUM_PROMPTS MAX_NEW_TOKENS greedy|sampled N [N ...]
+A size may name the drafter's tree_top_k too, N:K (round 16; default 4)."""
 import random
 import statistics
 import sys
@@ -19,15 +20,17 @@ from selfspec.engine import SelfSpecModel
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 rounds, num_prompts, max_new, mode = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-sizes = [int(n) for n in sys.argv[5:]] or [6, 10, 16]
+sizes = sys.argv[5:] or ["6", "10", "16"]
 loaded = load(parse_args(["--model", "smollm2", "--heads", "none", "--eagle", "examples/smollm2/eagle"]), [])
 model, tokenizer = loaded.model, loaded.tokenizer
 kind, texts = prompt_texts(tokenizer, num_prompts)
 prompts = prompt_ids(tokenizer, texts, kind, 2048, max_new, "cpu")
 heads = "examples/smollm2/eagle"
 specs = {"chain": SelfSpecModel(model, "eagle", heads=heads, tokenizer=tokenizer)}
-for n in sizes:
-    specs[f"tree {n}"] = SelfSpecModel(model, "eagle", heads=heads, tokenizer=tokenizer, tree_size=n)
+for size in sizes:
+    n, _, top_k = size.partition(":")
+    options = dict(tree_top_k=int(top_k)) if top_k else {}
+    specs[f"tree {size}"] = SelfSpecModel(model, "eagle", heads=heads, tokenizer=tokenizer, tree_size=int(n), **options)
 variants = ["generate", *specs]
 sampling = dict(do_sample=True, temperature=0.7, top_p=0.9) if mode == "sampled" else dict(do_sample=False)
 kw = dict(max_new_tokens=max_new, eos_token_id=[], **sampling)

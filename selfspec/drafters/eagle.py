@@ -9,7 +9,9 @@ to the exact verifier.
 Trees (`DraftContext.tree_size` = N > 0), EAGLE-2 style: depth by depth, the `tree_top_k` candidates of highest
 cumulative draft probability are expanded in one head forward (a 4D mask lets each attend to its own path's entries
 of the head cache, at position = depth), each adding its top-k children; then all candidates are reranked and the N
-most probable kept. Children are DISTINCT (deterministic), also when sampling. The tree's head entries follow the
+most probable kept. A node whose cumulative probability is no more than the N-th best so far is not expanded (none
+of its descendants could be kept), and a level with no such node ends the drafting. Children are DISTINCT
+(deterministic), also when sampling. The tree's head entries follow the
 real ones, so the next proposal's crop to the real length removes them all.
 """
 from __future__ import annotations
@@ -117,7 +119,9 @@ class EagleDrafter:
             ids, scores = candidates.add_children(ids, scores, tokens, log_probs)  # [F * k]
             if depth + 1 == context.num_draft_tokens:
                 break
-            expand = frontier(ids, scores, width)  # [F'] the best of this depth, by cumulative probability
+            # [F'] the best of this depth by cumulative probability, of those whose descendants could still be among
+            # the N best (when none can, deeper levels are not drafted: the same tree for fewer head forwards)
+            expand = frontier(ids, scores, width, candidates.kth_best_score(context.tree_size))
             if expand.numel() == 0:
                 break
             parent_rows = (expand // tokens.shape[1]).tolist()

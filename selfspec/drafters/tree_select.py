@@ -33,6 +33,15 @@ class TreeCandidates:
         self.num_candidates += scores.shape[0]
         return ids, scores
 
+    def kth_best_score(self, k: int) -> float:
+        """The k-th highest score among the candidates so far (-inf while there are fewer than k). A node scoring at
+        most this has no descendant among the k best of the finished tree: a child scores at most its parent, the
+        k-th best can only rise as candidates are added, and on a tie the earlier candidate ranks first (`best`). So
+        expanding it cannot change the tree (`frontier`'s floor)."""
+        if self.num_candidates < k or k < 1:
+            return -torch.inf
+        return float(torch.cat(self._scores).topk(k).values[-1])
+
     def best(self, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The `budget` most probable candidates -> ([n] tokens, [n] parents as indices into the kept nodes, -1 = the
         root), most probable first; candidates of probability 0 are never kept."""
@@ -50,7 +59,9 @@ class TreeCandidates:
         return tokens[keep], new_parents
 
 
-def frontier(ids: torch.Tensor, scores: torch.Tensor, width: int) -> torch.Tensor:
-    """[F'] positions (into ids/scores) of the `width` best candidates of probability > 0: the nodes to expand."""
+def frontier(ids: torch.Tensor, scores: torch.Tensor, width: int, floor: float = -torch.inf) -> torch.Tensor:
+    """[F'] positions (into ids/scores) of the `width` best candidates scoring above `floor` (default: of probability
+    > 0): the nodes to expand. With floor = `TreeCandidates.kth_best_score(N)`, the nodes left out could not put a
+    descendant into the N best, so the tree is the same and a level none of whose nodes can is not drafted at all."""
     top = scores.topk(min(width, scores.shape[0]))
-    return top.indices[top.values > -torch.inf]
+    return top.indices[top.values > floor]

@@ -38,10 +38,11 @@ def test_kernel_takes_batched_and_strided_inputs():
 
 class CountingKernel:
     def __init__(self, kernel):
-        self.kernel, self.rows = kernel, []
+        self.kernel, self.rows, self.outputs = kernel, [], []
 
-    def __call__(self, x_ptr, rows, *args):
+    def __call__(self, x_ptr, rows, *args):  # args: k, weight, n (the outputs per row), bias, out
         self.rows.append(rows)
+        self.outputs.append(args[2])
         return self.kernel(x_ptr, rows, *args)
 
 
@@ -119,6 +120,25 @@ def test_engine_output_is_unchanged_by_the_kernel_which_it_uses(counting_kernel,
     assert any(rows > 1 for rows in counting_kernel.rows)  # verify forwards ran through it
     batch = with_kernel.generate(prompts, max_new_tokens=30, num_draft_tokens=2, eos_token_id=[])
     assert all(torch.equal(row, reference) for row, reference in zip(batch.sequences, expected))
+
+
+def test_a_tree_projects_its_draft_vocabulary_through_the_kernel(counting_kernel):
+    # A tree's levels project several rows onto the draft vocabulary's LM head rows at once: the engine routes that
+    # product (the LM head's rows as a layer of their own) as it routes the heads', and the output is unchanged.
+    from tests.selfspec.test_eagle import randomized_head
+
+    model = tiny_model("llama", dtype=torch.float32)
+    draft_vocab = torch.arange(3, 43)  # 40 of the 96 ids
+    head = randomized_head(model, draft_vocab)
+    prompts = [random_prompt(9, seed=1), random_prompt(14, seed=2)]
+    with_kernel = SelfSpecModel(model, heads=head, tree_size=6)
+    without = SelfSpecModel(model, heads=head, tree_size=6, few_row_kernel="off")
+    for prompt in prompts:
+        out = with_kernel.generate(prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+        plain = without.generate(prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences[0], plain.sequences[0])
+    projections = [rows for rows, n in zip(counting_kernel.rows, counting_kernel.outputs) if n == draft_vocab.numel()]
+    assert projections and max(projections) > 1  # a tree level's rows, onto the draft vocabulary, in the kernel
 
 
 def test_settings_and_errors(monkeypatch):

@@ -118,6 +118,42 @@ def check_children_along_paths(spec):
             assert got == [t for t in ranked if t in got] and set(got) <= set(ranked[: drafter.tree_top_k]), row
 
 
+def test_eagle_trees_skip_only_nodes_that_could_not_be_kept(monkeypatch):
+    """A node scoring no more than the N-th best candidate so far is not expanded (`tree_select.frontier`'s floor):
+    the trees are exactly those drafted expanding every frontier node, for fewer head forwards."""
+    import selfspec.drafters.eagle as eagle
+
+    model = sharp(tiny_model())
+    head = trained_head(model)
+    floored, forwards = eagle.frontier, []
+    head_forward = head.forward
+    monkeypatch.setattr(head, "forward", lambda *a, **k: forwards.append(1) or head_forward(*a, **k))
+
+    def draft(spec, seed, floor):
+        unfloored = lambda ids, scores, width, _: floored(ids, scores, width)  # noqa: E731
+        monkeypatch.setattr(eagle, "frontier", floored if floor else unfloored)
+        target, prompt = spec.target, random_prompt(8, seed=seed)[0]
+        hidden = target.forward(prompt, target.new_cache())  # [T, hidden]
+        tokens = torch.cat([prompt, target.logits(hidden[-1:]).argmax(-1)])  # the prompt + the pending token
+        context = DraftContext(tokens, hidden[-1], hidden, 5, SamplingConfig(), None, target, target.new_cache(),
+                               tree_size=spec.tree_size)
+        forwards.clear()
+        proposal = spec.drafter.propose(context)
+        return proposal.tokens, proposal.parents, len(forwards)
+
+    saved = 0
+    with torch.no_grad():
+        for tree_size in (3, 6, 12):
+            spec = SelfSpecModel(model, heads=head, tree_size=tree_size)
+            for seed in range(4):
+                tokens, parents, num_forwards = draft(spec, seed, floor=True)
+                all_tokens, all_parents, all_forwards = draft(spec, seed, floor=False)
+                assert torch.equal(tokens, all_tokens) and torch.equal(parents, all_parents), (tree_size, seed)
+                assert num_forwards <= all_forwards
+                saved += all_forwards - num_forwards
+    assert saved > 0, "some level must have been left undrafted"
+
+
 def chain_feature(drafter, hidden, tokens, path):
     """[hidden] the head's predicted feature after `path` [d], run as a chain (one token per forward, causal mask) on
     a fresh cache: real features for the prompt [T], then its own predictions."""
