@@ -128,7 +128,8 @@ MAX_TREE_SIZE = 64
 # (examples/adhoc/r15_tree_sweep.py 3 2 96): 10 the best tree in both modes; sampled, the chain was faster in that
 # sweep but not in the benchmark's table (tree of 10 1.56x, chain 1.49x). Wider trees verify fewer tokens per
 # forward there: "auto" prices a tree d levels deep at its most nodes, min(N, 4 + 16 (d - 1)), so with N >= 16 it
-# mostly drafts one level.
+# mostly drafts one level. Round 16 (cheaper tree drafting, same sweep): greedy 6 / 10 / 16 at 1.72x / 1.61x / 1.52x
+# (chain 1.45x), sampled 1.43x / 1.46x / 1.38x (chain 1.50x): 6 and 10 within the noise of each other; 10 kept.
 AUTO_TREE_SIZE_FEW_ROW_KERNEL = 10
 
 
