@@ -11,8 +11,8 @@ cumulative draft probability are expanded in one head forward (a 4D mask lets ea
 of the head cache, at position = depth), each adding its top-k children; then all candidates are reranked and the N
 most probable kept. A node whose cumulative probability is no more than the N-th best so far is not expanded (none
 of its descendants could be kept), and a level with no such node ends the drafting. Children are DISTINCT
-(deterministic), also when sampling. The tree's head entries follow the
-real ones, so the next proposal's crop to the real length removes them all.
+(deterministic), also when sampling. The tree's head entries follow the real ones, so the next proposal's crop to
+the real length removes them all.
 """
 from __future__ import annotations
 
