@@ -100,13 +100,20 @@ def test_eagle_tree_children_are_the_top_tokens_of_their_path():
         check_children_along_paths(spec)
 
 
-def check_children_along_paths(spec):
-    drafter, target = spec.drafter, spec.target
-    prompt = random_prompt(8, seed=5)[0]
+def first_tree_context(spec, seed: int, num_draft_tokens: int) -> DraftContext:
+    """The greedy context of the first proposal after a random 8-token prompt: its real features, the pending token
+    (the model's argmax), at most `num_draft_tokens` levels of `spec.tree_size` nodes."""
+    target, prompt = spec.target, random_prompt(8, seed=seed)[0]
     hidden = target.forward(prompt, target.new_cache())  # [T, hidden]
     tokens = torch.cat([prompt, target.logits(hidden[-1:]).argmax(-1)])  # the prompt + the pending token
-    greedy = SamplingConfig()
-    context = DraftContext(tokens, hidden[-1], hidden, 3, greedy, None, target, target.new_cache(), tree_size=30)
+    return DraftContext(tokens, hidden[-1], hidden, num_draft_tokens, SamplingConfig(), None, target,
+                        target.new_cache(), tree_size=spec.tree_size)
+
+
+def check_children_along_paths(spec):
+    drafter, target = spec.drafter, spec.target
+    context = first_tree_context(spec, seed=5, num_draft_tokens=3)
+    hidden, tokens = context.hidden_states, context.token_ids
     tree = drafter.propose(context).tree()
     assert any(len(c) > 1 for c in tree.children[1:]), "some node below the root must branch"
     assert int(tree.depths.max()) == 3
@@ -132,11 +139,7 @@ def test_eagle_trees_skip_only_nodes_that_could_not_be_kept(monkeypatch):
     def draft(spec, seed, floor):
         unfloored = lambda ids, scores, width, _: floored(ids, scores, width)  # noqa: E731
         monkeypatch.setattr(eagle, "frontier", floored if floor else unfloored)
-        target, prompt = spec.target, random_prompt(8, seed=seed)[0]
-        hidden = target.forward(prompt, target.new_cache())  # [T, hidden]
-        tokens = torch.cat([prompt, target.logits(hidden[-1:]).argmax(-1)])  # the prompt + the pending token
-        context = DraftContext(tokens, hidden[-1], hidden, 5, SamplingConfig(), None, target, target.new_cache(),
-                               tree_size=spec.tree_size)
+        context = first_tree_context(spec, seed, num_draft_tokens=5)
         forwards.clear()
         proposal = spec.drafter.propose(context)
         return proposal.tokens, proposal.parents, len(forwards)
