@@ -5,6 +5,7 @@ not build."""
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.nn.utils.prune as prune
 
 from selfspec import SelfSpecModel
 from selfspec import few_row_linear as frl
@@ -77,6 +78,22 @@ def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_ke
     model(x)
     assert counting_kernel.rows == [3, 3]
 
+
+def test_a_layer_whose_weight_is_not_a_parameter_or_not_contiguous_runs_as_nn_linear(counting_kernel):
+    # pruning replaces `weight` by a plain attribute (weight_orig * mask, set by a pre-hook): the routed forward must
+    # use that weight, not the unpruned parameter; a transposed weight is not what the kernel reads
+    pruned, transposed = torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)
+    prune.random_unstructured(pruned, "weight", amount=0.5)
+    transposed.weight.data = transposed.weight.data.t()
+    routed = FewRowLinears(pruned, transposed)
+    x, y = torch.randn(3, 16), torch.randn(3, 8)
+    with torch.no_grad():
+        expected = F.linear(x, pruned.weight, pruned.bias), F.linear(y, transposed.weight, transposed.bias)
+        with routed:
+            got = pruned(x), transposed(y)
+    assert not torch.equal(pruned.weight, pruned.weight_orig)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert counting_kernel.rows == []  # both through F.linear
 
 def test_routing_covers_each_step_and_not_the_code_between(counting_kernel):
     layer = torch.nn.Linear(8, 8)
