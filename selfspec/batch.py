@@ -116,9 +116,9 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         buffer[: prompt.shape[0]] = prompt
         rows.append(_Row(
             index, prompt, buffer, StopCondition(options.max_new_tokens, eos_ids, strings),
-            _row_policy(spec, options), drafter, generator, StatsRecorder(drafter_parameter_bytes(drafter), clock),
+            _row_policy(spec, options), drafter, generator, StatsRecorder(drafter_parameter_bytes(drafter, target), clock),
         ))
-    total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter))
+    total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter, target))
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
     return prompts, spec.engine_steps(pieces), [row.recorder.stats for row in rows], total
 

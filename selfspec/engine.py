@@ -95,7 +95,7 @@ class SelfSpecModel:
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         dtype = self.target.lm_head.weight.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
-        self.few_row_linears = (FewRowLinears(model, self.heads, self._draft_vocab_head()) if self.few_row_kernel
+        self.few_row_linears = (FewRowLinears(model, self.heads, self._projection_rows()) if self.few_row_kernel
                                 else None)
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
@@ -110,13 +110,11 @@ class SelfSpecModel:
         """The heads the drafter owns: MedusaHeads or an EagleHead (None for other drafters)."""
         return getattr(self.drafter, "heads", None) or getattr(self.drafter, "head", None)
 
-    def _draft_vocab_head(self) -> torch.nn.Linear | None:
-        """The LM head's rows of the heads' draft vocabulary (their drafts' logits; a tree's levels project several
-        rows at once), or None when the heads project onto the whole vocabulary."""
-        vocab = getattr(self.heads, "draft_vocab", None)
-        if vocab is None or getattr(self.heads, "lm_heads", None) is not None:  # (Medusa heads' own projections)
-            return None
-        return self.target.lm_head_rows(vocab)
+    def _projection_rows(self) -> torch.nn.Linear | None:
+        """The LM head's rows of the drafter's draft vocabulary (`projected_vocab`: its drafts' logits; a tree's levels
+        project several rows at once), or None when it projects onto the whole vocabulary or through no LM head."""
+        vocab = getattr(self.drafter, "projected_vocab", None)
+        return None if vocab is None else self.target.lm_head_rows(vocab)
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
@@ -240,7 +238,7 @@ class SelfSpecModel:
         generator = options.generator
         if generator is None and options.seed is not None:
             generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
-        recorder = StatsRecorder(drafter_parameter_bytes(self.drafter), self.clock)
+        recorder = StatsRecorder(drafter_parameter_bytes(self.drafter, self.target), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
         return prompt, self.engine_steps(pieces), recorder.stats
 

@@ -87,7 +87,10 @@ class Drafter(Protocol):
     one-token decodes of the target: where the "auto" draft length starts before timings teach it; default 0) and,
     for tree drafters, `max_tree_nodes(depth, tree_size)` (the most nodes a tree that deep holds: how "auto" prices
     a tree step; default: depth); for batches, `propose_rows(contexts) -> [Draft]` (one draft per row, in one call:
-    Medusa runs its heads once for all rows; default: `propose` per row)."""
+    Medusa runs its heads once for all rows; default: `propose` per row); `projected_vocab` (a draft vocabulary, [N]
+    token ids, whose rows of the target's LM head its drafts are projected onto with `target.logits(hidden,
+    vocab_ids=projected_vocab)`: the engine builds those rows once, routes their products through the few-row kernel
+    and counts them in the stats' memory figure; default None)."""
 
     def propose(self, context: DraftContext) -> Draft:
         """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids`."""
@@ -123,10 +126,14 @@ def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_
     return tokens, top.values.log()
 
 
-def drafter_parameter_bytes(drafter) -> int:
-    """Bytes of the parameters a drafter adds to the model: those of its `extra_modules`, none for a drafter (such as a
-    user's own object) that lists none."""
-    modules = getattr(drafter, "extra_modules", ())
+def drafter_parameter_bytes(drafter, target: "TargetModel | None" = None) -> int:
+    """Bytes of the parameters a drafter adds to the model: those of its `extra_modules` (none for a drafter, such as a
+    user's own object, that lists none) and, given the `target`, the copy of the LM head's rows of its
+    `projected_vocab` (`TargetModel.lm_head_rows`; SmolLM2's 8192 rows: 19 MB in float32)."""
+    modules = list(getattr(drafter, "extra_modules", ()))
+    vocab = getattr(drafter, "projected_vocab", None)
+    if vocab is not None and target is not None:
+        modules.append(target.lm_head_rows(vocab))
     return sum(p.numel() * p.element_size() for module in modules for p in module.parameters())
 
 

@@ -58,6 +58,11 @@ class EagleDrafter:
     def extra_modules(self) -> tuple:
         return (self.head,)
 
+    @property
+    def projected_vocab(self) -> torch.Tensor | None:
+        """The draft vocabulary the head's features are projected onto through the target's LM head (None: all of it)."""
+        return self.draft_vocab
+
     def propose(self, context: DraftContext) -> Draft:
         new_features = context.hidden_states  # [num_new, hidden] real features of the newly committed positions
         num_tokens, num_new = context.token_ids.shape[0], new_features.shape[0]

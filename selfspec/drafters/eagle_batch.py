@@ -39,6 +39,10 @@ class BatchEagleDrafter:
     def extra_modules(self) -> tuple:
         return (self.head,)
 
+    @property
+    def projected_vocab(self) -> torch.Tensor | None:
+        return self.draft_vocab  # (as EagleDrafter's)
+
     def propose(self, contexts: list[DraftContext]) -> list[Draft]:
         """One context per row of the cache, in its order -> each row's draft of up to its num_draft_tokens."""
         feature = self._catch_up(contexts)  # [B, hidden] predicted features of the pending tokens' positions

@@ -51,6 +51,12 @@ class MedusaDrafter:
     def extra_modules(self) -> tuple:
         return (self.heads,)
 
+    @property
+    def projected_vocab(self) -> torch.Tensor | None:
+        """The draft vocabulary the heads project onto through the target's shared LM head (None: the full vocabulary,
+        or the heads' own LM heads)."""
+        return self.heads.draft_vocab if self.heads.lm_heads is None else None
+
     def propose(self, context: DraftContext) -> Draft:
         return self.propose_rows([context])[0]
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from heads import MedusaHeads
+from heads.eagle import EagleHead
 from selfspec import SelfSpecModel
 from selfspec.sampling import logits_to_probs, SamplingConfig
 from tests.conftest import tiny_model
@@ -146,3 +147,21 @@ def test_stats_report_heads_and_peak_cache_bytes():
 
 def test_tokenizer_vocab_fits_the_model():
     assert len(tiny_tokenizer()) <= tiny_model(vocab_size=300).config.vocab_size
+
+
+def test_stats_count_the_lm_head_rows_a_draft_vocabulary_projects_onto():
+    # a draft vocabulary's rows of the LM head are a copy (TargetModel.lm_head_rows): memory the drafter adds
+    model = scrambled_model("llama", seed=4).float()
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    vocab = torch.arange(0, 40, 2)
+    row_bytes = vocab.numel() * model.config.hidden_size * 4
+    shared = MedusaHeads.for_model(model, num_heads=2, draft_vocab=vocab)
+    own = MedusaHeads.for_model(model, num_heads=2, share_lm_head=False, draft_vocab=vocab)
+    eagle = EagleHead.for_model(model, draft_vocab=vocab)
+    for heads, drafter, rows in ((shared, "medusa", row_bytes), (own, "medusa", 0), (eagle, "eagle", row_bytes)):
+        engine = SelfSpecModel(model, drafter=drafter, heads=heads)
+        params = sum(p.numel() * 4 for p in heads.parameters())
+        assert engine.generate(prompt, max_new_tokens=4).stats.drafter_parameter_bytes == params + rows
+        batch = engine.generate([prompt[0], prompt[0, :5]], max_new_tokens=4, eos_token_id=[])
+        assert batch.stats.drafter_parameter_bytes == params + rows
+        assert all(row.drafter_parameter_bytes == params + rows for row in batch.row_stats)
