@@ -95,7 +95,8 @@ class SelfSpecModel:
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         dtype = self.target.lm_head.weight.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
-        self.few_row_linears = (FewRowLinears(model, self.heads, self._projection_rows()) if self.few_row_kernel
+        drafter_modules = getattr(self.drafter, "extra_modules", ())  # heads or adapter; then the rows they project on
+        self.few_row_linears = (FewRowLinears(model, *drafter_modules, self._projection_rows()) if self.few_row_kernel
                                 else None)
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
