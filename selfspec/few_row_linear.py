@@ -136,7 +136,7 @@ def _forward_of(layer: torch.nn.Linear, kernel):
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
     falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so its checks are inline and read
     the parameters from the module's dict (nn.Module's attribute lookup cost ~1.5 us each on round 17's CPU, the
-    whole check and call ~17 us before, ~8 us now); a weight that is not a registered parameter (pruning replaces
+    whole check and call ~20 us before, ~10 us now); a weight that is not a registered parameter (pruning replaces
     it by a plain attribute) goes through F.linear."""
     k_dim, n_dim = layer.in_features, layer.out_features
     float32, strided = torch.float32, torch.strided
@@ -150,7 +150,8 @@ def _forward_of(layer: torch.nn.Linear, kernel):
                 or not weight.is_contiguous()
                 or weight.shape != (n_dim, k_dim) or type(weight) is not torch.nn.Parameter
                 or bias is not None and not _dense_bias(bias, n_dim)
-                or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+                or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                or bias is not None and bias.requires_grad)):
             return F.linear(x, layer.weight, layer.bias)
         return _run(kernel, x, weight, bias)
     return forward

@@ -77,6 +77,11 @@ def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_ke
     assert all("forward" not in layer.__dict__ for layer in model.modules())
     model(x)
     assert counting_kernel.rows == [3, 3]
+    bias_only = torch.nn.Linear(16, 8)
+    bias_only.weight.requires_grad_(False)  # only the bias trains: still F.linear's autograd
+    with FewRowLinears(bias_only), torch.enable_grad():
+        bias_only(torch.randn(3, 16)).sum().backward()
+    assert bias_only.bias.grad is not None and counting_kernel.rows == [3, 3]
 
 
 def test_a_layer_whose_weight_is_not_a_parameter_or_not_contiguous_runs_as_nn_linear(counting_kernel):
