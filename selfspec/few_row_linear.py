@@ -12,7 +12,7 @@ shapes as in `examples/adhoc/r13_few_row_kernel.py`; the kernel's own comment). 
 and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86 CPU, everything runs through F.linear
 as before.
 
-The engine routes the target's and heads' nn.Linear layers through it for the duration of each decode step
+The engine routes the target's and the drafter's nn.Linear layers through it for the duration of each decode step
 (`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
 layer's float32 CPU products over MIN_ROWS..MAX_ROWS rows are taken; one-row products (plain decoding) and
 everything else run exactly as without it. (A TorchFunctionMode does the same without touching the layers, but
