@@ -20,3 +20,14 @@ def test_the_readme_has_python_imports_to_check():
 @pytest.mark.parametrize("line", readme_imports())
 def test_each_readme_import_runs(line):
     exec(line, {})
+
+
+def test_the_classmethods_the_readme_calls_exist():
+    from heads import EagleHead, MedusaHeads
+    from selfspec import SelfSpecModel
+
+    classes = {"SelfSpecModel": SelfSpecModel, "EagleHead": EagleHead, "MedusaHeads": MedusaHeads}
+    text = "\n".join(re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S))
+    called = set(re.findall(r"\b(SelfSpecModel|EagleHead|MedusaHeads)\.(\w+)\(", text))
+    assert ("SelfSpecModel", "from_pretrained") in called
+    assert not [f"{name}.{attribute}" for name, attribute in called if not hasattr(classes[name], attribute)]
