@@ -116,7 +116,8 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         buffer[: prompt.shape[0]] = prompt
         rows.append(_Row(
             index, prompt, buffer, StopCondition(options.max_new_tokens, eos_ids, strings),
-            _row_policy(spec, options), drafter, generator, StatsRecorder(drafter_parameter_bytes(drafter, target), clock),
+            _row_policy(spec, options), drafter, generator,
+            StatsRecorder(drafter_parameter_bytes(drafter, target), clock),
         ))
     total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter, target))
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
@@ -412,4 +413,5 @@ def _batch_planner(spec, options) -> BatchDraftLength | None:
     row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
     if options.num_draft_tokens != "auto" or options.reproducible:
         return None
-    return BatchDraftLength(cost_curve=spec.batch_verify_cost(), seen_shapes=spec._batch_shapes)
+    return BatchDraftLength(cost_curve=spec.batch_verify_cost(), seen_shapes=spec._batch_shapes,
+                            overhead=spec.batch_step_overhead())

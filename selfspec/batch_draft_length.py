@@ -55,6 +55,12 @@ class BatchDraftLength:
     shape last ran (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried again: at w = 0
     nothing else re-measures wider widths (probes are scored in shadow). 64 is a choice, not measured.
 
+    `overhead`: where the step's cost beyond its forward is learned; the engine passes its wrapper's, kept across
+    batches as the curve is (`SelfSpecModel.batch_step_overhead`). A fresh one per batch priced drafting at 0 per
+    drafted token until its steps taught otherwise: on the reference model at batch 8 (a drafting step 1.44-1.52x a
+    plain one, ~0.1 one-row decodes per drafted token beyond the forward) each 96-token call drafted w = 2-5 for its
+    first 30-40 steps (round 17, `examples/adhoc/r17_batch8_trace.py`).
+
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
     totals that cost the same may differ by their noise, and a tie would otherwise draft useless tokens.
@@ -63,7 +69,8 @@ class BatchDraftLength:
     def __init__(self, start: VerifyCost | None = None, max_draft_tokens: int = 8, probe_every: int = 8,
                  max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
                  cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
-                 seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64):
+                 seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64,
+                 overhead: StepOverhead | None = None):
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
@@ -73,7 +80,7 @@ class BatchDraftLength:
         # (rows, 1 + width) blocks whose first forward ran: later ones are measurements (shared with the cost curve's
         # other batches, like the engine's set for one sequence's draft sizes)
         self.seen_shapes = set() if seen_shapes is None else seen_shapes
-        self.overhead = StepOverhead(decay)
+        self.overhead = StepOverhead(decay) if overhead is None else overhead  # (the engine's: kept across batches)
         self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
         self.explore_every = explore_every

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.attention_backends import without_cudnn_attention
-from selfspec.draft_length import capped_choice, draft_length_policy, probe_asked, probe_in_shadow
+from selfspec.draft_length import StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow
 from selfspec.drafters import drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
@@ -101,6 +101,7 @@ class SelfSpecModel:
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
+        self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device, self.few_row_kernel)  # 0: chains
         if self.tree_size:
@@ -149,6 +150,13 @@ class SelfSpecModel:
             self._batch_verify_cost = learned_batch_verify_cost(self.target, self.verify_cost().snapshot(),
                                                                 few_row_kernel=self.few_row_kernel)
         return self._batch_verify_cost
+
+    def batch_step_overhead(self) -> StepOverhead:
+        """What a batch's step costs beyond its verify forward (per step, and per drafted token: the drafter, each row's
+        verification), in one-row decodes: learned from every batch's timed steps and shared by this wrapper's batches,
+        as their cost curve is (in memory only: it depends on the prompts' lengths and the process as much as on the
+        device)."""
+        return self._batch_overhead
 
     def generate(
         self,

@@ -4,6 +4,8 @@ order per round, medians of each variant's time over k = 0's in the same round. 
 from the prior: on the reference model at batch 8 (Medusa heads, ~0.3 first-draft acceptance) the planner drafted
 w = 2 for the first 30-40 steps of a 96-token call (`r17_batch8_trace.py`), where a drafting step cost 1.44-1.52x a
 plain one for 1.27-1.38x the tokens.
+Round 17 then kept a batch step's overhead per wrapper (`SelfSpecModel.batch_step_overhead`); "auto, overhead per
+call" restores a fresh one per batch, as before.
 Usage: python examples/adhoc/r17_batch_prior_ab.py ROUNDS B TOKENS reference|smollm2 [VARIANT,VARIANT...]"""
 import random
 import statistics
@@ -18,6 +20,7 @@ import selfspec.batch as batch_module
 from selfspec.bench.models import load
 from selfspec.bench.prompts import prompt_ids, prompt_texts
 from selfspec.bench.settings import parse_args
+from selfspec.draft_length import StepOverhead
 from selfspec.engine import SelfSpecModel
 
 torch.set_num_threads(1)
@@ -36,7 +39,7 @@ pool = prompt_ids(tokenizer, texts, kind, 8192, max_new, "cpu")
 prompts = [pool[i % len(pool)][0] for i in range(batch)]
 spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer)
 row_policy, planner = batch_module._row_policy, batch_module._batch_planner
-setting = {"prior": 0.5, "min_gain": 0.02}
+setting = {"prior": 0.5, "min_gain": 0.02, "fresh_overhead": False}
 
 
 def patched_row_policy(spec, options):
@@ -50,13 +53,16 @@ def patched_planner(spec, options):
     made = planner(spec, options)
     if made is not None:
         made.min_gain = setting["min_gain"]
+        if setting["fresh_overhead"]:  # as before round 17: a planner's own overhead, from 0 per drafted token
+            made.overhead = StepOverhead(made.decay)
     return made
 
 
 batch_module._row_policy, batch_module._batch_planner = patched_row_policy, patched_planner
-VARIANTS = {"auto": (0.5, 0.02, {}), "auto prior 0.3": (0.3, 0.02, {}), "auto prior 0.2": (0.2, 0.02, {}),
-            "auto prior 0 (never drafts)": (0.0, 0.02, {}), "auto min_gain 0.1": (0.5, 0.1, {}),
-            "k0": (0.5, 0.02, dict(num_draft_tokens=0))}
+VARIANTS = {"auto": (0.5, 0.02, False, {}), "auto prior 0.3": (0.3, 0.02, False, {}),
+            "auto prior 0.2": (0.2, 0.02, False, {}), "auto prior 0 (never drafts)": (0.0, 0.02, False, {}),
+            "auto min_gain 0.1": (0.5, 0.1, False, {}), "auto, overhead per call": (0.5, 0.02, True, {}),
+            "k0": (0.5, 0.02, False, dict(num_draft_tokens=0))}
 chosen = sys.argv[5].split(",") if len(sys.argv) > 5 else list(VARIANTS)
 variants = {name: VARIANTS[name] for name in chosen + ["k0"] * ("k0" not in chosen)}
 kw = dict(max_new_tokens=max_new, eos_token_id=[])
@@ -68,7 +74,7 @@ for _ in range(rounds):
     rng.shuffle(order)
     seconds, tokens = {}, {}
     for name in order:
-        setting["prior"], setting["min_gain"], extra = variants[name]
+        setting["prior"], setting["min_gain"], setting["fresh_overhead"], extra = variants[name]
         started = time.perf_counter()
         out = spec.generate(prompts, **kw, **extra)
         seconds[name] = time.perf_counter() - started

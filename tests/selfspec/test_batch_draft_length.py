@@ -11,7 +11,7 @@ import torch
 import selfspec.batch
 from selfspec import SelfSpecModel
 from selfspec.batch_draft_length import BatchDraftLength
-from selfspec.draft_length import AdaptiveDraftLength
+from selfspec.draft_length import AdaptiveDraftLength, StepOverhead
 from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig
 from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, prior_verify_cost
@@ -361,6 +361,38 @@ def test_a_batch_starts_from_what_earlier_batches_timed(monkeypatch):
     assert all(min(widths[:5]) >= 5 for widths in later), later
     assert new_wrapper.batch_verify_cost().path == spec.batch_verify_cost().path
     assert new_wrapper.batch_verify_cost().path != SelfSpecModel(spec.model, drafter="ngram").verify_cost().path
+
+
+def test_a_planner_prices_drafting_with_the_overhead_it_is_given_from_its_first_step():
+    """Eight rows accepting 0.9 on a nearly flat curve draft the widest when drafting costs nothing beyond the
+    forward; given an overhead learned at 0.3 one-row decodes per drafted token (a drafter and per-row verification
+    that cost what the reference model's do at batch 8 in round 17, 0.1, three times over), the same planner drafts
+    nothing from its first step.
+    Catches (planted): the given overhead ignored (a fresh one per planner)."""
+    overhead = StepOverhead(0.9)
+    for _ in range(20):
+        overhead.observe(0, 0.2)
+        overhead.observe(16, 0.2 + 16 * 0.3)
+    assert overhead.per_token == pytest.approx(0.3, rel=0.05)
+    rows = [row(0.9) for _ in range(8)]
+    assert priced(NEARLY_FLAT).choose(rows) == 8
+    assert priced(NEARLY_FLAT, overhead=overhead).choose(rows) == 0
+
+
+def test_a_wrappers_batches_share_what_their_steps_cost_beyond_the_forward(monkeypatch):
+    """Each batch's planner learns into the wrapper's `batch_step_overhead`, so the next batch starts from what the
+    earlier ones learned (as from their cost curve) instead of pricing drafting at 0 per token. Same tokens.
+    Catches (planted): a fresh overhead per batch (the second planner's is not the first's)."""
+    prompts = prompts_of_different_lengths()
+    recorded = _Recorded(monkeypatch)
+    spec = engine("llama", "ngram")
+    first = spec.generate(prompts, max_new_tokens=24, eos_token_id=[]).sequences
+    learned = spec.batch_step_overhead()
+    assert learned.n > 0  # the first batch's timed steps taught it
+    again = spec.generate(prompts, max_new_tokens=24, eos_token_id=[]).sequences
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert [planner.overhead for planner in recorded.batches] == [learned, learned]
+    assert SelfSpecModel(spec.model, drafter="ngram").batch_step_overhead() is not learned  # one per wrapper
 
 
 def test_unseeded_sampled_rows_under_the_batch_width_follow_the_model_law(monkeypatch):
