@@ -4,7 +4,7 @@ order per round, medians of each variant's time over k = 0's in the same round. 
 from the prior: on the reference model at batch 8 (Medusa heads, ~0.3 first-draft acceptance) the planner drafted
 w = 2 for the first 30-40 steps of a 96-token call (`r17_batch8_trace.py`), where a drafting step cost 1.44-1.52x a
 plain one for 1.27-1.38x the tokens.
-Round 17 then kept a batch step's overhead per wrapper (`SelfSpecModel.batch_step_overhead`); "auto, overhead per
+Round 17 then kept a batch step's overhead per wrapper (`SelfSpecModel.batch_step_overhead`); "auto overhead per
 call" restores a fresh one per batch, as before.
 Usage: python examples/adhoc/r17_batch_prior_ab.py ROUNDS B TOKENS reference|smollm2 [VARIANT,VARIANT...]"""
 import random
@@ -61,7 +61,7 @@ def patched_planner(spec, options):
 batch_module._row_policy, batch_module._batch_planner = patched_row_policy, patched_planner
 VARIANTS = {"auto": (0.5, 0.02, False, {}), "auto prior 0.3": (0.3, 0.02, False, {}),
             "auto prior 0.2": (0.2, 0.02, False, {}), "auto prior 0 (never drafts)": (0.0, 0.02, False, {}),
-            "auto min_gain 0.1": (0.5, 0.1, False, {}), "auto, overhead per call": (0.5, 0.02, True, {}),
+            "auto min_gain 0.1": (0.5, 0.1, False, {}), "auto overhead per call": (0.5, 0.02, True, {}),
             "k0": (0.5, 0.02, False, dict(num_draft_tokens=0))}
 chosen = sys.argv[5].split(",") if len(sys.argv) > 5 else list(VARIANTS)
 variants = {name: VARIANTS[name] for name in chosen + ["k0"] * ("k0" not in chosen)}
