@@ -85,7 +85,8 @@ def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or weight.shape[1] % 8:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [..., K] and [N, K], K % 8 == 0")
     if not (_plain_float32(x) and _dense_parameters(weight, bias)):
-        raise ValueError("the kernel takes plain float32 CPU tensors, with a contiguous weight and bias")
+        raise ValueError("the kernel takes plain float32 CPU tensors, a contiguous weight and a contiguous bias of "
+                         "one value per output")
     return _run(kernel, x, weight, bias)
 
 
@@ -134,22 +135,17 @@ class FewRowLinears:
 def _forward_of(layer: torch.nn.Linear, kernel):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
-    falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so its checks are inline and read
-    the parameters from the module's dict (nn.Module's attribute lookup cost ~1.5 us each on round 17's CPU, the
-    whole check and call ~20 us before, ~10 us now); a weight that is not a registered parameter (pruning replaces
-    it by a plain attribute) goes through F.linear."""
+    falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so it reads the parameters from the
+    module's dict (nn.Module's attribute lookup cost ~1.5 us each on round 17's CPU) and does not copy a contiguous
+    input (the whole check and call ~20 us before, ~10-12 us now); a weight that is not a registered parameter
+    (pruning replaces it by a plain attribute) goes through F.linear."""
     k_dim, n_dim = layer.in_features, layer.out_features
-    float32, strided = torch.float32, torch.strided
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         parameters = layer._parameters
         weight, bias = parameters.get("weight"), parameters.get("bias")
         if (weight is None or not MIN_ROWS <= x.numel() // k_dim <= MAX_ROWS or x.shape[-1] != k_dim
-                or x.dtype is not float32 or not x.is_cpu or x.layout is not strided or type(x) is not torch.Tensor
-                or weight.dtype is not float32 or not weight.is_cpu or weight.layout is not strided
-                or not weight.is_contiguous()
-                or weight.shape != (n_dim, k_dim) or type(weight) is not torch.nn.Parameter
-                or bias is not None and not _dense_bias(bias, n_dim)
+                or not _plain_float32(x) or weight.shape != (n_dim, k_dim) or not _dense_parameters(weight, bias)
                 or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
                                                 or bias is not None and bias.requires_grad)):
             return F.linear(x, layer.weight, layer.bias)
@@ -157,15 +153,11 @@ def _forward_of(layer: torch.nn.Linear, kernel):
     return forward
 
 
-def _dense_bias(bias: torch.Tensor, n_dim: int) -> bool:
-    return (bias.dtype is torch.float32 and bias.is_cpu and bias.layout is torch.strided and bias.is_contiguous()
-            and bias.shape == (n_dim,) and type(bias) is torch.nn.Parameter)
-
-
 def _dense_parameters(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """What the kernel reads from a layer: a plain float32 contiguous weight, and bias (if any) alike."""
+    """What the kernel reads from a layer: a plain float32 contiguous weight, and bias (if any) alike, one value per
+    output (the kernel reads weight.shape[0] of them)."""
     return (_plain_float32(weight) and weight.is_contiguous()
-            and (bias is None or _plain_float32(bias) and bias.is_contiguous()))
+            and (bias is None or _plain_float32(bias) and bias.is_contiguous() and bias.shape == weight.shape[:1]))
 
 
 def _plain_float32(tensor: torch.Tensor) -> bool:

@@ -37,6 +37,14 @@ def test_kernel_takes_batched_and_strided_inputs():
     torch.testing.assert_close(frl.few_row_linear(x, weight), F.linear(x, weight), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.usefixtures("needs_kernel")
+def test_kernel_refuses_a_bias_of_another_length():
+    # the kernel reads one bias value per output: a short bias would be read past its end
+    x, weight = torch.randn(3, 32), torch.randn(24, 32)
+    with pytest.raises(ValueError, match="one value per output"):
+        frl.few_row_linear(x, weight, torch.randn(23))
+
+
 class CountingKernel:
     def __init__(self, kernel):
         self.kernel, self.rows, self.outputs = kernel, [], []
