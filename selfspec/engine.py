@@ -14,7 +14,7 @@ import torch
 
 from selfspec.attention_backends import without_cudnn_attention
 from selfspec.draft_length import StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow
-from selfspec.drafters import drafter_parameter_bytes, make_drafter
+from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
@@ -95,8 +95,7 @@ class SelfSpecModel:
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         dtype = self.target.lm_head.weight.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
-        drafter_modules = getattr(self.drafter, "extra_modules", ())  # heads or adapter; then the rows they project on
-        self.few_row_linears = (FewRowLinears(model, *drafter_modules, self._projection_rows()) if self.few_row_kernel
+        self.few_row_linears = (FewRowLinears(model, *drafter_modules(self.drafter, self.target)) if self.few_row_kernel
                                 else None)
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
@@ -111,12 +110,6 @@ class SelfSpecModel:
     def heads(self):
         """The heads the drafter owns: MedusaHeads or an EagleHead (None for other drafters)."""
         return getattr(self.drafter, "heads", None) or getattr(self.drafter, "head", None)
-
-    def _projection_rows(self) -> torch.nn.Linear | None:
-        """The LM head's rows of the drafter's draft vocabulary (`projected_vocab`: its drafts' logits; a tree's levels
-        project several rows at once), or None when it projects onto the whole vocabulary or through no LM head."""
-        vocab = getattr(self.drafter, "projected_vocab", None)
-        return None if vocab is None else self.target.lm_head_rows(vocab)
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from selfspec.drafters.base import Draft, DraftContext, Drafter, NoDrafter, drafter_parameter_bytes
+from selfspec.drafters.base import Draft, DraftContext, Drafter, NoDrafter, drafter_modules, drafter_parameter_bytes
 from selfspec.drafters.medusa import MedusaDrafter
 from selfspec.drafters.ngram import NgramDrafter
 
@@ -67,6 +67,7 @@ def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Dr
 
 
 __all__ = [
-    "Draft", "DraftContext", "Drafter", "MedusaDrafter", "NgramDrafter", "NoDrafter", "drafter_parameter_bytes",
+    "Draft", "DraftContext", "Drafter", "MedusaDrafter", "NgramDrafter", "NoDrafter", "drafter_modules",
+    "drafter_parameter_bytes",
     "make_drafter",
 ]

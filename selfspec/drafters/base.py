@@ -126,15 +126,21 @@ def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_
     return tokens, top.values.log()
 
 
-def drafter_parameter_bytes(drafter, target: "TargetModel | None" = None) -> int:
-    """Bytes of the parameters a drafter adds to the model: those of its `extra_modules` (none for a drafter, such as a
-    user's own object, that lists none) and, given the `target`, the copy of the LM head's rows of its
-    `projected_vocab` (`TargetModel.lm_head_rows`; SmolLM2's 8192 rows: 19 MB in float32)."""
+def drafter_modules(drafter, target: "TargetModel | None" = None) -> list[torch.nn.Module]:
+    """The modules a drafter adds to the model: its `extra_modules` (none for a drafter, such as a user's own object,
+    that lists none) and, given the `target`, the copy of the LM head's rows of its `projected_vocab`
+    (`TargetModel.lm_head_rows`; SmolLM2's 8192 rows: 19 MB in float32). The engine routes them through the few-row
+    kernel and the stats count their bytes."""
     modules = list(getattr(drafter, "extra_modules", ()))
     vocab = getattr(drafter, "projected_vocab", None)
     if vocab is not None and target is not None:
         modules.append(target.lm_head_rows(vocab))
-    return sum(p.numel() * p.element_size() for module in modules for p in module.parameters())
+    return modules
+
+
+def drafter_parameter_bytes(drafter, target: "TargetModel | None" = None) -> int:
+    """Bytes of the parameters of `drafter_modules(drafter, target)`."""
+    return sum(p.numel() * p.element_size() for module in drafter_modules(drafter, target) for p in module.parameters())
 
 
 def weight_share(model, modules=(), extra_weights: int = 0) -> float:
