@@ -8,9 +8,10 @@ from memory once and multiplied by every row of x, slice by slice in L1, while t
 2-8 rows it costs about one row's time, over 16 rows 1.1-1.8x, over 32 1.6-2.9x (F.linear: 1.8-2.9x, 2.2-3.5x,
 2.7-5.3x; rounds 13-14's kernel 1.2-1.5x over 8 rows, 1.7-2.3x over 16; round 15, a microbenchmark of SmolLM2's
 shapes as in `examples/adhoc/r13_few_row_kernel.py`; the kernel's own comment). It is C
-(selfspec/kernels/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory
-and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86 CPU, everything runs through F.linear
-as before.
+(selfspec/kernels/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory,
+for AVX-512 where the CPU has it and AVX2 + FMA otherwise (round 18's Intel Xeon: the AVX-512 build 0.8-0.9x of the
+AVX2 build's time over 4-32 rows), and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86
+CPU, everything runs through F.linear as before.
 
 The engine routes the target's and the drafter's nn.Linear layers through it for the duration of each decode step
 (`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
@@ -42,7 +43,10 @@ import torch.nn.functional as F
 # time over 32-48 rows, so the bound is conservative here); a CPU with a faster small-M GEMM may catch up sooner.
 MIN_ROWS, MAX_ROWS = 2, 32
 SOURCE = Path(__file__).parent / "kernels" / "few_row_linear.c"
-FLAGS = ["-O3", "-mavx2", "-mfma", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-shared", "-fPIC"]
+# The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (round 18's Intel
+# Xeon: 4-32 rows 0.8-0.9x of the AVX2 build's time, the same at 1-2 rows), else AVX2 + FMA.
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 SETTINGS = ("auto", "on", "off")
 logger = logging.getLogger(__name__)
 
@@ -65,10 +69,17 @@ def resolve_few_row_kernel(setting: str | bool, device: torch.device, dtype: tor
     return why_not is None
 
 
+def kernel_isa() -> str | None:
+    """The instruction set the kernel is built for here: "avx512", "avx2", or None (neither, or not x86-64)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    return {"AVX512": "avx512", "AVX2": "avx2"}.get(torch.backends.cpu.get_cpu_capability())
+
+
 @lru_cache(maxsize=1)
 def kernel_version() -> str:
-    """A digest of the kernel's source: what a verify-cost curve learned with the kernel depends on."""
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    """A digest of the kernel's source and instruction set: what a verify-cost curve learned with it depends on."""
+    return hashlib.sha256(SOURCE.read_bytes() + str(kernel_isa()).encode()).hexdigest()[:12]
 
 
 def unavailable_reason() -> str | None:
@@ -166,18 +177,25 @@ def _plain_float32(tensor: torch.Tensor) -> bool:
             and type(tensor) in (torch.Tensor, torch.nn.Parameter))
 
 
-@lru_cache(maxsize=1)
-def _load():
-    """(the kernel as a ctypes function, None) or (None, why not); built once per source, flags and compiler."""
+@lru_cache(maxsize=None)
+def _load(isa: str | None = None):
+    """(the kernel as a ctypes function, None) or (None, why not); built once per source, flags and compiler. isa:
+    "avx512" or "avx2" (tests and A/Bs build both where the CPU has AVX-512); None: `kernel_isa()`."""
+    if isa is None and kernel_isa() is not None:
+        return _load(kernel_isa())  # (one build, one library loaded, however it is asked for)
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the CPU is {platform.machine()}, not x86-64"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+    if kernel_isa() is None:
         return None, f"this CPU lacks AVX2 / FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    if isa not in (None, *ISA_FLAGS):
+        raise ValueError(f"isa={isa!r}: expected one of {tuple(ISA_FLAGS)}")
+    if isa == "avx512" and kernel_isa() != "avx512":
+        return None, f"this CPU lacks AVX-512 (torch reports {torch.backends.cpu.get_cpu_capability()})"
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
         return None, "no C compiler found (install gcc, or set CC)"
     try:
-        library = _build(compiler)
+        library = _build(compiler, ISA_FLAGS[isa])
         kernel = ctypes.CDLL(str(library)).few_row_linear
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("selfspec: the few-row kernel did not build (%s); using F.linear", error)
@@ -188,18 +206,18 @@ def _load():
     return kernel, None
 
 
-def _build(compiler: str) -> Path:
+def _build(compiler: str, isa_flags: list[str]) -> Path:
     from selfspec.verify_cost import cache_dir
 
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    source, flags = SOURCE.read_bytes(), [*FLAGS, *isa_flags]
+    key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"
     if library.exists():
         return library
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
+        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
                                 timeout=120)
         if result.returncode != 0:
             raise OSError(result.stderr.strip()[-500:] or f"{compiler} exited with {result.returncode}")

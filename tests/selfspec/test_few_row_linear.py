@@ -14,20 +14,35 @@ from tests.conftest import random_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
 
 
-@pytest.mark.usefixtures("needs_kernel")
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 16, 32, 50])  # the kernel takes rows 3 at a time, 48 per sweep
-@pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (300, 48), (9, 600)])  # 600: 3 slices of K
+@pytest.fixture(params=["avx2", "avx512"])
+def isa_kernel(request, needs_kernel):
+    """The kernel built for each instruction set this CPU runs (the AVX2 build everywhere the kernel runs)."""
+    kernel, why_not = frl._load(request.param)
+    if kernel is None:
+        pytest.skip(f"no {request.param} kernel here: {why_not}")
+    return kernel
+
+
+def test_the_kernel_is_built_for_the_widest_instructions_here(needs_kernel):
+    assert frl._load()[0] is frl._load(frl.kernel_isa())[0]
+    assert frl.kernel_isa() == {"AVX512": "avx512", "AVX2": "avx2"}[torch.backends.cpu.get_cpu_capability()]
+
+
+# rows: the kernel takes rows 3 (AVX2) or 4 (AVX-512) at a time, 48 per sweep; k_dim: 8 or 16 columns at a time (a
+# last 8 with AVX-512: 8, 136, 600), 256 per slice (600: 3 slices)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 16, 32, 50])
+@pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (300, 48), (9, 600)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_kernel_computes_f_linear(rows, n_dim, k_dim, with_bias):
+def test_kernel_computes_f_linear(isa_kernel, rows, n_dim, k_dim, with_bias):
     g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
     x = torch.randn(rows, k_dim, generator=g)
     weight = torch.randn(n_dim, k_dim, generator=g)
     bias = torch.randn(n_dim, generator=g) if with_bias else None
-    out = frl.few_row_linear(x, weight, bias)
+    out = frl._run(isa_kernel, x, weight, bias)
     assert out.shape == (rows, n_dim)
     torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5 * k_dim ** 0.5)
     for row in range(rows):  # the same sum in the same order whatever the rows beside it: bitwise
-        assert torch.equal(frl.few_row_linear(x[row : row + 1], weight, bias)[0], out[row])
+        assert torch.equal(frl._run(isa_kernel, x[row : row + 1], weight, bias)[0], out[row])
 
 
 @pytest.mark.usefixtures("needs_kernel")
