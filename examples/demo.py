@@ -131,14 +131,15 @@ def main(argv=None) -> None:
     stats = out.stats
     plain_median, spec_median = statistics.median(plain_seconds), statistics.median(spec_seconds)
     ratios = [p / s for p, s in zip(plain_seconds, spec_seconds)]
-    acceptance = " ".join(f"{a:.2f}" for a in stats.acceptance_by_position) or "-"
+    acceptance = " ".join(f"{a:.2f} ({n})" for a, n in zip(stats.acceptance_by_position, stats.drafted_by_position))
     print(f"plain model.generate : {len(plain_ids) / plain_median:6.1f} tokens/s  (median of {args.runs} runs)")
     print(f"selfspec             : {len(spec_ids) / spec_median:6.1f} tokens/s  drafting with {drafts_with} (defaults)")
     print(f"speedup              : {plain_median / spec_median:.2f}x  (per-run pairs {min(ratios):.2f}x-{max(ratios):.2f}x, "
           f"{torch.get_num_threads()} torch thread)")
     print(f"tokens per forward   : {stats.tokens_per_forward:.2f}  ({stats.new_tokens} tokens in {stats.target_forwards} "
           "passes of the model, prefill included; plain decoding needs one per token)")
-    print(f"acceptance           : {stats.accepted} of {stats.drafted} drafts; by draft position: {acceptance}")
+    print(f"acceptance           : {stats.accepted} of {stats.drafted} drafts; by draft position (a tree's depth), "
+          f"accepted share (steps that drafted there): {acceptance or '-'}")
     if stats.target_forwards and stats.drafted < stats.target_forwards // 4:
         print("                       (few drafts: \"auto\" expected no gain from drafting here, from this device's "
               "measured verify cost and the acceptance seen, so it decoded plainly but for probes)")
