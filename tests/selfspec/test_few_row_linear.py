@@ -222,3 +222,26 @@ def test_a_layer_whose_forward_was_replaced_is_left_alone(counting_kernel):
     with FewRowLinears(layer), torch.no_grad():
         assert torch.equal(layer(torch.ones(3, 8)), torch.full((3, 8), 2.0))
     assert layer.__dict__["forward"] is hooked and counting_kernel.rows == []
+
+
+def test_the_kernels_version_names_its_instruction_set(monkeypatch):
+    """A curve learned with the AVX-512 build is not read with the AVX2 build (the same source, other costs)."""
+    versions = {}
+    for isa in ("avx2", "avx512"):
+        monkeypatch.setattr(frl, "kernel_isa", lambda isa=isa: isa)
+        frl.kernel_version.cache_clear()
+        versions[isa] = frl.kernel_version()
+    frl.kernel_version.cache_clear()
+    assert versions["avx2"] != versions["avx512"]
+
+
+def test_an_avx512_build_is_refused_where_the_cpu_lacks_it(monkeypatch, needs_kernel):
+    monkeypatch.setattr(frl, "kernel_isa", lambda: "avx2")
+    frl._load.cache_clear()
+    try:
+        kernel, why_not = frl._load("avx512")
+        assert kernel is None and "lacks AVX-512" in why_not
+        with pytest.raises(ValueError, match="isa='sse'"):
+            frl._load("sse")
+    finally:
+        frl._load.cache_clear()
