@@ -266,12 +266,15 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
 
 def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[int]:
     """Each row's k this step: the batch's width, else its own policy's; never past its budget (a step emits at most
-    k + 1). The padded forward costs the same whatever a row shorter than the widest drafts, so every row drafts."""
+    k + 1), nor, under the batch's width, past what its drafter can propose (`max_draft_tokens`: Medusa's heads; the
+    planner priced a width of 5 for 4 heads, round 18). The padded forward costs the same whatever a row shorter
+    than the widest drafts, so every row drafts."""
     if planner is None:
         return [capped_choice(row.policy, row.stop.remaining - 1) for row in rows]
-    width = planner.choose([(row.policy, row.stop.remaining - 1) for row in rows])
-    for row in rows:
-        row.asked = min(width, row.stop.remaining - 1)
+    caps = [min(row.stop.remaining - 1, getattr(row.drafter, "max_draft_tokens", row.stop.remaining)) for row in rows]
+    width = planner.choose([(row.policy, cap) for row, cap in zip(rows, caps)])
+    for row, cap in zip(rows, caps):
+        row.asked = min(width, cap)
     return [row.asked for row in rows]
 
 

@@ -50,10 +50,11 @@ class BatchDraftLength:
     that emitted 1.3x the tokens for 1.5x the time (fixed w = 2 ran at 0.85x of w = 0, round 15). So every timed
     step also counts, per (rows, width), the tokens it emitted and the seconds it took (decayed by `decay` whenever
     that shape is timed again), and a width gives way to the narrower one measured fastest at the same number of
-    rows, if faster (explorations measure w + 1, w - 1 and 0 in turn): the model proposes, the measured rates overrule
-    it. A rate needs two timed steps (one step's time is noise) and is forgotten `forget_after` timed steps after its
-    shape last ran (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried again: at w = 0
-    nothing else re-measures wider widths (probes are scored in shadow). 64 is a choice, not measured.
+    rows, if faster (explorations measure w + 1, w - 1 and 0 in turn), and a width not yet measured is not tried past
+    one measured slower than a narrower one: the model proposes, the measured rates overrule it. A rate needs two
+    timed steps (one step's time is noise) and is forgotten `forget_after` timed steps after its shape last ran
+    (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried again: at w = 0 nothing else
+    re-measures wider widths (probes are scored in shadow). 64 is a choice, not measured.
 
     `overhead`: where the step's cost beyond its forward is learned; the engine passes its wrapper's, kept across
     batches as the curve is (`SelfSpecModel.batch_step_overhead`). A fresh one per batch priced drafting at 0 per
@@ -140,13 +141,18 @@ class BatchDraftLength:
         return tokens / seconds
 
     def _measured_down(self, width: int, num_rows: int) -> int:
-        """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster."""
-        here = self.measured_rate(num_rows, width)
-        if here is None:
+        """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster. A width
+        not measured yet is tried only while the widest narrower one measured is also the fastest measured: once a
+        width was measured slower than a narrower one, wider ones (more tokens in the forward, more drafting) are
+        not tried on the model's word (round 18, the reference model at batch 16: after w = 4 measured slower than
+        w = 0, the model still asked w = 5 and 6, and "auto" ran at 0.81x of k = 0)."""
+        rates = [(rate, w) for w in range(width + 1) if (rate := self.measured_rate(num_rows, w)) is not None]
+        if not rates:
             return width
-        rates = [(self.measured_rate(num_rows, w), w) for w in range(width)]
-        faster = [(rate, w) for rate, w in rates if rate is not None and rate > here]
-        return max(faster)[1] if faster else width
+        fastest = max(rates)
+        if rates[-1][1] == width:  # measured: the fastest of it and the narrower ones
+            return fastest[1] if fastest[0] > rates[-1][0] else width
+        return width if fastest is rates[-1] else fastest[1]  # not measured: only past a widest-is-fastest
 
     def _explore(self, width: int, widest: int) -> int:
         """After `explore_every` steps at the same width w > 0, one step at w + 1, then w - 1, then 0 (in turn; up

@@ -52,6 +52,11 @@ class MedusaDrafter:
         return (self.heads,)
 
     @property
+    def max_draft_tokens(self) -> int:
+        """The most tokens a chain draft holds: one per head (a batch's width is capped by it)."""
+        return self.heads.num_heads
+
+    @property
     def projected_vocab(self) -> torch.Tensor | None:
         """The draft vocabulary the heads project onto through the target's shared LM head (None: the full vocabulary,
         or the heads' own LM heads)."""

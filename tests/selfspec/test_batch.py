@@ -291,3 +291,24 @@ def test_tree_drafts_are_refused_for_batches():
     heads = MedusaHeads.for_model(model, num_heads=2)
     with pytest.raises(NotImplementedError, match="tree"):
         SelfSpecModel(model, heads=heads, tree_size=4).generate(prompts, max_new_tokens=4)
+
+
+def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():
+    """Under the batch's width each row is asked at most its drafter's `max_draft_tokens` (Medusa: one per head) and
+    its budget, and the planner prices those caps (round 18: it priced a width of 5 for 4 heads).
+    Catches (planted): caps from the budget only."""
+    from types import SimpleNamespace
+
+    from selfspec.batch import _draft_lengths
+
+    class Planner:
+        def choose(self, rows):
+            self.caps = [cap for _, cap in rows]
+            return 8
+
+    medusa = SimpleNamespace(max_draft_tokens=4)
+    rows = [SimpleNamespace(policy=None, stop=SimpleNamespace(remaining=r), drafter=d, asked=0)
+            for r, d in [(100, medusa), (3, medusa), (100, object())]]
+    planner = Planner()
+    assert _draft_lengths(rows, planner) == [4, 2, 8]
+    assert planner.caps == [4, 2, 99]

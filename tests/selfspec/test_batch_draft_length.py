@@ -433,3 +433,23 @@ def test_used_only_for_auto_without_a_seed(monkeypatch):
         recorded = _Recorded(monkeypatch)
         spec.generate(prompts, **options)
         assert len(recorded.batches) == int(planned), options
+
+
+def test_a_width_is_not_tried_past_one_measured_slower():
+    """Once w = 2 was measured slower than w = 0 at these rows, a model that asks w = 3 (never measured) gets w = 0;
+    while the widest measured width is the fastest, an unmeasured wider one is still tried (how drafting starts).
+    Measured on the reference model at batch 16 (round 18): after w = 4 measured slower than w = 0 the model asked
+    w = 5 and 6, and "auto" ran at 0.81x of k = 0. Catches (planted): the unmeasured width taken as asked."""
+    planner = BatchDraftLength(CPU_LIKE)
+    planner.seen_shapes |= {(4, 1), (4, 2), (4, 3)}  # (no warm-ups)
+    for _ in range(2):
+        planner.observe([0, 0, 0, 0], 0, 0.01, 0.01)  # 4 tokens in 0.01 s: 400 per second
+    assert planner._measured_down(3, 4) == 3  # only w = 0 measured: it is the widest measured, and the fastest
+    for _ in range(2):
+        planner.observe([1, 1, 1, 1], 4, 0.01, 0.015)  # 8 tokens in 0.015 s: faster than w = 0
+    assert planner._measured_down(3, 4) == 3
+    for _ in range(2):
+        planner.observe([2, 2, 2, 2], 2, 0.01, 0.03)  # 6 tokens in 0.03 s: slower than w = 0 and w = 1
+    assert planner._measured_down(3, 4) == 1  # not tried past w = 2: the fastest measured instead
+    assert planner._measured_down(2, 4) == 1 and planner._measured_down(1, 4) == 1 and planner._measured_down(0, 4) == 0
+    assert planner._measured_down(3, 8) == 3  # other rows: nothing measured
