@@ -39,4 +39,5 @@ for _ in range(rounds):
         times[k].append(time.perf_counter() - started)
 base = statistics.median(times[0])
 for k in variants:
-    print(f"batch {batch}, k = {k}: {statistics.median(times[k]):.3f} s, {base / statistics.median(times[k]):.2f}x of k = 0")
+    median = statistics.median(times[k])
+    print(f"batch {batch}, k = {k}: {median:.3f} s, {base / median:.2f}x of k = 0")
