@@ -149,10 +149,9 @@ class BatchDraftLength:
         rates = [(rate, w) for w in range(width + 1) if (rate := self.measured_rate(num_rows, w)) is not None]
         if not rates:
             return width
+        # rates[-1] is the widest measured (the width itself, when measured); on a tie in rate max() takes it
         fastest = max(rates)
-        if rates[-1][1] == width:  # measured: the fastest of it and the narrower ones
-            return fastest[1] if fastest[0] > rates[-1][0] else width
-        return width if fastest is rates[-1] else fastest[1]  # not measured: only past a widest-is-fastest
+        return width if fastest is rates[-1] else fastest[1]
 
     def _explore(self, width: int, widest: int) -> int:
         """After `explore_every` steps at the same width w > 0, one step at w + 1, then w - 1, then 0 (in turn; up
