@@ -181,13 +181,13 @@ def _plain_float32(tensor: torch.Tensor) -> bool:
 def _load(isa: str | None = None):
     """(the kernel as a ctypes function, None) or (None, why not); built once per source, flags and compiler. isa:
     "avx512" or "avx2" (tests and A/Bs build both where the CPU has AVX-512); None: `kernel_isa()`."""
-    if isa is None and kernel_isa() is not None:
-        return _load(kernel_isa())  # (one build, one library loaded, however it is asked for)
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the CPU is {platform.machine()}, not x86-64"
     if kernel_isa() is None:
         return None, f"this CPU lacks AVX2 / FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    if isa not in (None, *ISA_FLAGS):
+    if isa is None:
+        return _load(kernel_isa())  # (one build, one library loaded, however it is asked for)
+    if isa not in ISA_FLAGS:
         raise ValueError(f"isa={isa!r}: expected one of {tuple(ISA_FLAGS)}")
     if isa == "avx512" and kernel_isa() != "avx512":
         return None, f"this CPU lacks AVX-512 (torch reports {torch.backends.cpu.get_cpu_capability()})"

@@ -48,7 +48,7 @@ static inline float sum_lanes(vec v) {
 _Static_assert(GROUP % PASS_ROWS == 0, "partial[] holds GROUP rows, filled PASS_ROWS at a time");
 _Static_assert(K_SLICE % 16 == 0, "a slice is whole 16-column steps; only the last one may end in 8 columns");
 
-/* rows a vector of 8 or 16 columns (`load`) of the PASS_ROWS rows against weight rows q0-q3 */
+/* One vector of columns (8 or 16, read with `load`) of the PASS_ROWS rows of x against weight rows w0-w3. */
 #define MULTIPLY(load, k) { \
     vec q0 = load(w0 + (k)), q1 = load(w1 + (k)), q2 = load(w2 + (k)), q3 = load(w3 + (k)); \
     _Pragma("GCC unroll 8") \
