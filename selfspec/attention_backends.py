@@ -1,36 +1,108 @@
-"""Which of PyTorch's attention kernels the engine's forwards may use: on CUDA, every one but cuDNN's.
+"""How the engine's forwards run attention: what `transformers`' sdpa attention computes, through cheaper paths.
 
-Measured on an H200 (SmolLM2, bfloat16, `examples/gpu/`): with cuDNN's scaled-dot-product attention allowed, a
-forward over several tokens with a mask cost 1.5-3.7 one-token decodes where it costs 1.2-1.4 without it (EAGLE
-at a fixed k = 3: 0.72x of `generate` with it, 1.67x without), as if a plan were built for every new (query length,
-cache length) pair: a decode step's cache is one step longer each time. Plain one-token decoding was not slowed.
-The other kernels compute the same attention; only speed changes. Applied per resumption of the engine's decode
-generators, so the caller's code between two steps runs under its own settings. CPUs are left as they are.
+CUDA: every one of PyTorch's attention kernels but cuDNN's. Measured on an H200 (SmolLM2, bfloat16, `examples/gpu/`):
+with cuDNN's scaled-dot-product attention allowed, a forward over several tokens with a mask cost 1.5-3.7 one-token
+decodes where it costs 1.2-1.4 without it (EAGLE at a fixed k = 3: 0.72x of `generate` with it, 1.67x without), as if
+a plan were built for every new (query length, cache length) pair: a decode step's cache is one step longer each time.
+Plain one-token decoding was not slowed. The other kernels compute the same attention; only speed changes.
+
+CPU: grouped key/value heads read in place. For a block of several query tokens with a mask (every verify forward:
+a chain's causal block, a tree's ancestry, a batch's ragged rows), `transformers`' sdpa attention repeats each
+key/value head for every query head it serves (`repeat_kv`: a copy of the layer's whole cache, every layer, every
+step) before calling the kernel; PyTorch's kernel takes the grouped heads as they are (`enable_gqa`) and gives the
+same result bit for bit (`tests/selfspec/test_attention_backends.py` checks it against `transformers`' own function).
+Measured on round 19's Intel Xeon (SmolLM2: 9 query heads on 3 key/value heads; EAGLE head, greedy, 3 rounds x 3
+held-out prompts, `python examples/adhoc/r19_grouped_kv_ab.py 3 3 96 10`): the chain 1.47x -> 1.51x of `generate`,
+a tree of 10 nodes 1.64x -> 1.75x, every run identical to `generate`. Every other call goes to the function it replaced.
+
+Both apply per resumption of the engine's decode generators, so the caller's code between two steps runs under its
+own settings and its own attention functions.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
 import torch
+from packaging.version import Version
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 # Every backend but cuDNN's (and ERROR, which is not one).
 _ALLOWED = [b for name, b in SDPBackend.__members__.items() if name not in ("CUDNN_ATTENTION", "ERROR")]
+_KERNEL_TAKES_GROUPS = Version(torch.__version__.split("+")[0]) >= Version("2.5")  # (enable_gqa came in 2.5)
 
 
-def without_cudnn_attention(steps: Iterator, device: torch.device) -> Iterator:
-    """Yield what `steps` yields, running each of its resumptions with cuDNN's attention kernel disallowed (CUDA
-    only; elsewhere `steps` itself)."""
-    if torch.device(device).type != "cuda":
-        return steps
-    return _each_step_without_cudnn(steps)
+def engine_attention(steps: Iterator, device) -> Iterator:
+    """Yield what `steps` yields, each resumption with the engine's attention paths for `device` (see the module)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return each_resumption(steps, lambda: sdpa_kernel(_ALLOWED))
+    if device.type == "cpu" and _KERNEL_TAKES_GROUPS:
+        return each_resumption(steps, grouped_kv_in_kernel)
+    return steps
 
 
-def _each_step_without_cudnn(steps: Iterator) -> Iterator:
+def attention_route(device) -> str:
+    """Names the path `engine_attention` takes on `device` (a verify-cost curve learned on one is stale on another)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "without cudnn"
+    return "grouped kv in kernel" if device.type == "cpu" and _KERNEL_TAKES_GROUPS else "as transformers"
+
+
+def each_resumption(steps: Iterator, context: Callable[[], contextlib.AbstractContextManager]) -> Iterator:
+    """Yield what `steps` yields, running each resumption inside `with context()`."""
     while True:
-        with sdpa_kernel(_ALLOWED):
+        with context():
             try:
                 item = next(steps)
             except StopIteration:
                 return
         yield item
+
+
+_lock = threading.Lock()
+_installed = {"depth": 0, "replaced": None}  # how many resumptions (any thread) are inside; the function replaced
+
+
+@contextlib.contextmanager
+def grouped_kv_in_kernel():
+    """While inside, `transformers`' "sdpa" attention runs `grouped_kv_sdpa` in front of the function that was there
+    (its own, or a user's override), which it restores on leaving. Counted, so overlapping resumptions (threads, one
+    generator inside another's step) install it once and the last one out restores."""
+    with _lock:
+        if _installed["depth"] == 0:
+            replaced = ALL_ATTENTION_FUNCTIONS["sdpa"]
+            _installed["replaced"] = replaced
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = lambda *args, **kwargs: grouped_kv_sdpa(replaced, *args, **kwargs)
+        _installed["depth"] += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _installed["depth"] -= 1
+            if _installed["depth"] == 0:
+                replaced, _installed["replaced"] = _installed["replaced"], None
+                del ALL_ATTENTION_FUNCTIONS["sdpa"]  # ours (a local entry); under it: the global one, or a user's?
+                if ALL_ATTENTION_FUNCTIONS["sdpa"] is not replaced:
+                    ALL_ATTENTION_FUNCTIONS["sdpa"] = replaced  # a user's local override: put back
+
+
+def grouped_kv_sdpa(replaced: Callable, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None, **kwargs):
+    """`transformers`' sdpa attention (query [B, heads, q, d], key / value [B, kv_heads, T, d]), with a masked block
+    of several queries on CPU computed by the kernel over the grouped heads instead of after `repeat_kv`; everything
+    else (one query, no mask, other devices, softcapping, position biases, attention weights asked) goes to
+    `replaced`."""
+    groups = getattr(module, "num_key_value_groups", 1)
+    if (groups == 1 or attention_mask is None or query.shape[2] == 1 or not query.is_cpu
+            or kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None
+            or kwargs.get("output_attentions") or torch.jit.is_tracing() or torch.compiler.is_compiling()):
+        return replaced(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+    # (transformers' own path here: no causal flag with a mask; the kernel after repeat_kv)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False, enable_gqa=True,
+    )
+    return output.transpose(1, 2).contiguous(), None

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.attention_backends import without_cudnn_attention
+from selfspec.attention_backends import engine_attention
 from selfspec.draft_length import StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
@@ -245,11 +245,12 @@ class SelfSpecModel:
         return prompt, self.engine_steps(pieces), recorder.stats
 
     def engine_steps(self, pieces):
-        """The decode loop's pieces, each step run with the engine's kernel choices: CUDA without cuDNN's attention,
-        few-row products through selfspec's kernel where enabled (the caller's code between steps sees neither)."""
+        """The decode loop's pieces, each step run with the engine's kernel choices: its attention paths (CUDA without
+        cuDNN's kernel; on CPU grouped key/value heads read in place), few-row products through selfspec's kernel where
+        enabled (the caller's code between steps sees none of them)."""
         if self.few_row_linears is not None:
             pieces = self.few_row_linears.routing(pieces)
-        return without_cudnn_attention(pieces, self.target.device)
+        return engine_attention(pieces, self.target.device)
 
     def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
         """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from

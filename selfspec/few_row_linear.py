@@ -38,6 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from selfspec.attention_backends import each_resumption
+
 # One row stays on BLAS (plain decoding unchanged). 32: what this CPU's batches and trees use (batch 8 at w <= 3,
 # trees of up to 31 nodes), where the kernel was measured faster (round 15's AMD EPYC: still 0.6-0.8x of F.linear's
 # time over 32-48 rows, so the bound is conservative here); a CPU with a faster small-M GEMM may catch up sooner.
@@ -134,13 +136,7 @@ class FewRowLinears:
     def routing(self, steps: Iterator) -> Iterator:
         """Yield what `steps` yields, running each resumption inside `with self` (so the caller's code between two
         steps sees plain nn.Linear layers)."""
-        while True:
-            with self:
-                try:
-                    item = next(steps)
-                except StopIteration:
-                    return
-            yield item
+        return each_resumption(steps, lambda: self)
 
 
 def _forward_of(layer: torch.nn.Linear, kernel):

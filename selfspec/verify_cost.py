@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from selfspec.attention_backends import attention_route
+
 # Environment variable naming the directory for selfspec's cached curves; default $XDG_CACHE_HOME/selfspec, else
 # ~/.cache/selfspec (the usual place for data that can be rebuilt at any time).
 CACHE_DIR_ENV = "SELFSPEC_CACHE_DIR"
@@ -255,8 +257,9 @@ def cache_dir() -> Path:
 
 
 def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bool = False) -> str:
-    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads,
-    whether the forwards verify trees or batches and whether their few-row products run through selfspec's kernel."""
+    """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads, the
+    engine's attention path there, whether the forwards verify trees or batches and whether their few-row products
+    run through selfspec's kernel."""
     model, device = target.model, target.device
     weight = target.lm_head.weight
     described = {
@@ -268,8 +271,9 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bo
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "dtype": str(weight.dtype),
         "threads": torch.get_num_threads(),
+        "attention": attention_route(device),  # (round 19: masked blocks got cheaper on CPU; older curves are stale)
     }
-    if tree:  # (chains keep the key they always had, so curves kept by earlier versions stay valid)
+    if tree:
         described["tree"] = True
     if few_row_kernel:  # (its version: a faster kernel makes a kept curve stale)
         from selfspec.few_row_linear import kernel_version

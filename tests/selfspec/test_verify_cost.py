@@ -169,3 +169,14 @@ def test_a_broken_cache_file_falls_back_to_the_prior(content):
     path.write_text(content)
     assert verify_cost.learned_verify_cost(target).start == prior_verify_cost(CPU)
     assert isinstance(verify_cost.learned_verify_cost(target).start, VerifyCost)
+
+
+def test_the_key_names_the_attention_path(monkeypatch):
+    """A curve learned before the engine read grouped key/value heads in place (round 19: masked blocks cheaper on
+    CPU) is not read after it."""
+    import selfspec.verify_cost as vc
+
+    target = TargetModel(tiny_model("llama"))
+    key = cost_key(target)
+    monkeypatch.setattr(vc, "attention_route", lambda device: "another")
+    assert cost_key(target) != key
