@@ -1,28 +1,30 @@
 """One KV cache for a batch of sequences of different lengths (ragged rows); it owns each row's committed length.
 
-Built on one `transformers` `DynamicCache` of batch size B. Rows are left-aligned: row r's committed entries sit at
-columns [0, lengths[r]); the cache is `width` = max(lengths) columns wide, and the columns of row r past its length
-hold stale entries that its queries never see. A forward appends a block of n columns for every row at the end
-[width, width + n); `block_mask` lets query i of row r attend to the row's committed prefix and to its own block
-entries 0..i, nothing else, and `block_positions` puts it at position lengths[r] + i, so each row computes exactly
-what it would alone. `commit` then moves each row's kept block entries (the first kept[r]) down to
-[lengths[r], lengths[r] + kept[r]) and crops the cache to the new widest row: rejected drafts and stale tails never
-grow memory. `rollback` cuts rows back to shorter lengths (a drafter that committed entries on its own guesses);
-`select` drops finished rows. Knows nothing about drafts, sampling or the model's outputs.
+Built on one `transformers` `DynamicCache` of batch size B (its layers append in place, `cache_layer.py`). Rows are
+left-aligned: row r's committed entries sit at columns [0, lengths[r]); the cache is `width` = max(lengths) columns
+wide, and the columns of row r past its length hold stale entries that its queries never see. A forward appends a
+block of n columns for every row at the end [width, width + n); `block_mask` lets query i of row r attend to the
+row's committed prefix and to its own block entries 0..i, nothing else, and `block_positions` puts it at position
+lengths[r] + i, so each row computes exactly what it would alone. `commit` then moves each row's kept block entries
+(the first kept[r]) down to [lengths[r], lengths[r] + kept[r]) and crops the cache to the new widest row: rejected
+drafts and stale tails never grow memory. `rollback` cuts rows back to shorter lengths (a drafter that committed
+entries on its own guesses); `select` drops finished rows. Knows nothing about drafts, sampling or the model's outputs.
 """
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+
+from selfspec.cache_layer import FULL_ATTENTION_LAYERS, append_in_place
 
 
 class RaggedCache:
     def __init__(self, model, batch_size: int, device, config=None):
         """The cache of `model` (its config), or of `config` when given (a drafting head's layer config; `model` then
         only names the owner in errors)."""
-        self.hf_cache = DynamicCache(config=model.config if config is None else config)
-        kinds = sorted({type(layer).__name__ for layer in self.hf_cache.layers if type(layer) is not DynamicLayer})
+        self.hf_cache = append_in_place(DynamicCache(config=model.config if config is None else config))
+        kinds = sorted({type(layer).__name__ for layer in self.hf_cache.layers
+                        if type(layer) not in FULL_ATTENTION_LAYERS})
         if kinds:
             raise NotImplementedError(
                 f"batched decoding needs full-attention cache layers (one mask serves every layer); "

@@ -1,28 +1,32 @@
 """The one KV cache that drafting and verification share; it owns the valid length, rollback moves it.
 
-Built on `transformers`' `DynamicCache` so every decoder family works unchanged. Rollback crops each layer's
-keys and values to the committed length (slicing only: nothing is copied, and the next write replaces the
-dropped tail, so memory never grows with rejected drafts). Knows nothing about drafts or sampling.
+Built on `transformers`' `DynamicCache` so every decoder family works unchanged, its full-attention layers appending
+in place (`cache_layer.py`). Rollback crops each layer's keys and values to the committed length (slicing only:
+nothing is copied, and the next write replaces the dropped tail, so memory never grows with rejected drafts). Knows
+nothing about drafts or sampling.
 """
 from __future__ import annotations
 
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import DynamicSlidingWindowLayer
+
+from selfspec.cache_layer import FULL_ATTENTION_LAYERS, append_in_place
 
 
 class KVCache:
     def __init__(self, model, hf_cache: DynamicCache | None = None):
         """The cache of `model` (a fresh DynamicCache for its config), or `hf_cache` when given (a drafting head's own
         cache, built from the head's config); `model` then only names the owner in errors."""
-        self.hf_cache = DynamicCache(config=model.config) if hf_cache is None else hf_cache
+        self.hf_cache = append_in_place(DynamicCache(config=model.config) if hf_cache is None else hf_cache)
         for layer in self.hf_cache.layers:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 # Keep the tokens a rollback may need to restore; `crop` trims back to the window afterwards.
                 layer.activate_past_recording()
-            elif type(layer) is not DynamicLayer:
+            elif type(layer) not in FULL_ATTENTION_LAYERS:
                 raise NotImplementedError(
                     f"{type(model).__name__} uses a {type(layer).__name__} cache layer, whose state cannot be rolled "
-                    "back by length; selfspec supports attention-only decoders (Llama, Mistral, Qwen, Gemma, Phi, GPT-2, ...)."
+                    "back by length; selfspec supports attention-only decoders (Llama, Mistral, Qwen, Gemma, Phi, "
+                    "GPT-2, ...)."
                 )
 
     def layer_length(self, layer_idx: int) -> int:

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from selfspec.cache import KVCache
+from selfspec.cache_layer import FULL_ATTENTION_LAYERS
 
 
 def keep_path(cache: KVCache, committed_length: int, path_offsets: Sequence[int] | torch.Tensor) -> None:
@@ -27,7 +27,7 @@ def keep_path(cache: KVCache, committed_length: int, path_offsets: Sequence[int]
         raise ValueError(f"path offsets must be increasing and >= 0 (root first), got {offsets}")
     kept_length = committed_length + len(offsets)
     for layer_idx, layer in enumerate(cache.hf_cache.layers):
-        if type(layer) is not DynamicLayer:
+        if type(layer) not in FULL_ATTENTION_LAYERS:
             raise NotImplementedError(
                 f"keep_path moves entries of full-attention layers only, not {type(layer).__name__}"
             )

@@ -11,9 +11,9 @@ from __future__ import annotations
 import weakref
 
 import torch
-from transformers.cache_utils import DynamicLayer
 
 from selfspec.cache import KVCache
+from selfspec.cache_layer import FULL_ATTENTION_LAYERS
 from selfspec.verify_cost import prior_verify_cost
 from selfspec.target import TargetModel
 from selfspec.tree import DraftTree
@@ -81,7 +81,7 @@ def check_tree_support(target: TargetModel) -> None:
 
 def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
     cache = target.new_cache()
-    if any(type(layer) is not DynamicLayer for layer in cache.hf_cache.layers):
+    if any(type(layer) not in FULL_ATTENTION_LAYERS for layer in cache.hf_cache.layers):
         kinds = sorted({type(layer).__name__ for layer in cache.hf_cache.layers})
         raise NotImplementedError(
             f"tree drafts need full-attention cache layers; {name} uses {kinds}. Use a chain draft (tree_size=None)."

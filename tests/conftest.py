@@ -45,6 +45,16 @@ def tiny_model(family: str = "llama", seed: int = 0, dtype=torch.float64, **conf
     return model.to(dtype).eval()
 
 
+def column_bytes(model, batch_size: int = 1) -> int:
+    """Bytes one position of every layer's keys and values takes in a KV cache of `model` (from its shapes, not from
+    storage, which may hold spare columns)."""
+    config = model.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    element = torch.empty((), dtype=next(model.parameters()).dtype).element_size()
+    return 2 * config.num_hidden_layers * batch_size * heads * head_dim * element
+
+
 def random_prompt(length: int = 12, vocab_size: int = VOCAB, seed: int = 0) -> torch.Tensor:
     """[1, length] ids from 3..vocab-1 (avoiding the special ids)."""
     g = torch.Generator().manual_seed(seed)

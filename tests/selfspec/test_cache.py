@@ -3,8 +3,9 @@ import torch
 
 from selfspec import Draft, SelfSpecModel
 from selfspec.cache import KVCache
+from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.target import TargetModel
-from tests.conftest import random_prompt, tiny_model
+from tests.conftest import column_bytes, random_prompt, tiny_model
 
 
 def layer_kv(cache: KVCache):
@@ -66,12 +67,13 @@ def test_cache_length_equals_committed_length_and_memory_does_not_grow_with_reje
     continuation = model.generate(prompt, max_new_tokens=150, do_sample=False, eos_token_id=None,
                                   attention_mask=torch.ones_like(prompt))[0]
     drafter = WrongDrafter(continuation, 6)
-    out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=150, num_draft_tokens=6, eos_token_id=[])
+    out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=150, num_draft_tokens=6,
+                                                         eos_token_id=[])
     assert torch.equal(out.sequences[0], continuation)
     assert out.stats.drafted > 500 and out.stats.accepted == 0
     # Before every proposal the cache holds exactly the committed tokens (all but the pending one).
     assert all(cache_len == committed for cache_len, committed in drafter.cache_lengths)
-    # Storage is what the committed tokens plus one step's drafts need: no trace of the ~900 rejected tokens.
-    per_token = drafter.cache_bytes[10] / (drafter.cache_lengths[10][0] + 7)
-    final_bound = (prompt.shape[1] + 150 + 7) * per_token
+    # Storage is what the committed tokens plus one step's drafts need, and the in-place layers' spare columns: no
+    # trace of the ~900 rejected tokens.
+    final_bound = (prompt.shape[1] + 150 + 7 + SPARE_COLUMNS) * column_bytes(model)
     assert max(drafter.cache_bytes) <= final_bound

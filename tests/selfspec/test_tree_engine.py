@@ -11,6 +11,7 @@ from transformers import AttentionInterface
 
 import selfspec.verify_step
 from selfspec import SelfSpecModel
+from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.tree_forward import resolve_tree_size
 from selfspec.sampling import SamplingConfig
@@ -220,8 +221,8 @@ def test_the_tree_law_test_catches_a_verifier_that_skips_renormalising(monkeypat
 
 
 def test_caches_hold_the_accepted_path_only(monkeypatch):
-    """Over 150 tokens the main cache never holds more than the sequence plus one tree, and the EAGLE head's cache
-    never more than its committed entries plus one proposal's tree entries."""
+    """Over 150 tokens the main cache never holds more than the sequence plus one tree (and the in-place layers' spare
+    columns), and the EAGLE head's cache never more than its committed entries plus one proposal's tree entries."""
     model = sharp(tiny_model()).float()
     spec = SelfSpecModel(model, heads=trained_head(model), tree_size=10)
     drafter, excess = spec.drafter, []
@@ -240,7 +241,7 @@ def test_caches_hold_the_accepted_path_only(monkeypatch):
     assert_exercised(stats, what="tree memory")
     assert len(spy.steps) > 20
     per_token = 2 * 2 * 2 * 8 * 4  # layers * (keys, values) * KV heads * head dim * float32 bytes
-    assert stats.peak_cache_bytes <= (8 + 150 - 1 + 10 + 1) * per_token  # the sequence + one tree's slack
+    assert stats.peak_cache_bytes <= (8 + 150 - 1 + 10 + 1 + SPARE_COLUMNS) * per_token  # + one tree's slack
     width = drafter.tree_top_k
     assert 0 < max(excess) <= width * 3  # depths 1..3 expanded, `width` nodes each: cut by the next proposal
 

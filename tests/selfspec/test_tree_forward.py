@@ -5,11 +5,12 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.target import TargetModel
 from selfspec.tree import DraftTree
 from selfspec.tree_cache import keep_path, path_offsets
 from selfspec.tree_forward import check_tree_support, tree_attention_mask, tree_forward
-from tests.conftest import VOCAB, random_prompt, tiny_config, tiny_model
+from tests.conftest import VOCAB, column_bytes, random_prompt, tiny_config, tiny_model
 
 FAMILIES = ["llama", "qwen2", "gpt2", "mistral"]
 # root -> {0, 1, 2}; 0 -> {3, 4}; 3 -> {5}; 5 -> {6}; 1 -> {7}; 4 -> {8}: depths up to 4, siblings at three levels
@@ -185,11 +186,10 @@ def test_300_tree_steps_keep_memory_bounded_by_the_committed_length():
         committed_tokens += 1 + len(accepted)
         pending = int(torch.randint(3, VOCAB, (1,), generator=g))
         sizes.append((cache.nbytes(), cache.length))
-    probe = target.new_cache()
-    target.forward(prompt, probe)
-    per_token = probe.nbytes() / prompt.shape[0]
-    # Storage is what the committed tokens plus one tree's rows need: nothing of the ~2000 rejected rows.
-    assert all(nbytes <= (length + len(PARENTS) + 1) * per_token for nbytes, length in sizes)
+    per_token = column_bytes(target.model)
+    # Storage is what the committed tokens plus one tree's rows need, and the in-place layers' spare columns: nothing
+    # of the ~2000 rejected rows.
+    assert all(nbytes <= (length + len(PARENTS) + 1 + SPARE_COLUMNS) * per_token for nbytes, length in sizes)
     assert sizes[-1][1] == committed_tokens and committed_tokens > 400
 
 
