@@ -412,9 +412,10 @@ def _row_policy(spec, options):
 
 def _batch_planner(spec, options) -> BatchDraftLength | None:
     """"auto" without a seed: one width for the batch, priced by this wrapper's batch curve (`batch_verify_cost`:
-    what earlier batches timed, else a line through the one-sequence curve), which this batch refines. None (each
+    what earlier batches timed, else a line through the one-sequence curve), which this batch refines, and overruled
+    by the rates its batches measured (`batch_rates`). None (each
     row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
     if options.num_draft_tokens != "auto" or options.reproducible:
         return None
     return BatchDraftLength(cost_curve=spec.batch_verify_cost(), seen_shapes=spec._batch_shapes,
-                            overhead=spec.batch_step_overhead())
+                            overhead=spec.batch_step_overhead(), rates=spec.batch_rates())

@@ -62,6 +62,10 @@ class BatchDraftLength:
     plain one, ~0.1 one-row decodes per drafted token beyond the forward) each 96-token call drafted w = 2-5 for its
     first 30-40 steps (round 17, `examples/adhoc/r17_batch8_trace.py`).
 
+    `rates`: where the measured rates are kept (`MeasuredRates`); the engine passes its wrapper's
+    (`SelfSpecModel.batch_rates`), so a batch starts from what its wrapper's earlier batches measured: a fresh one
+    per batch re-measured them every call (round 19).
+
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
     totals that cost the same may differ by their noise, and a tie would otherwise draft useless tokens.
@@ -71,7 +75,7 @@ class BatchDraftLength:
                  max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
                  cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
                  seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64,
-                 overhead: StepOverhead | None = None):
+                 overhead: StepOverhead | None = None, rates: MeasuredRates | None = None):
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
@@ -88,9 +92,8 @@ class BatchDraftLength:
         self._last_width, self._same_width_steps, self._explore_turn = 0, 0, 0
         self.widest_timed = 0  # the widest block (drafts per row) a timed step of this batch has verified
         self._num_rows = 0  # rows at the last choice
-        self.decay, self.forget_after, self._timed_steps = decay, forget_after, 0
-        # (rows, width) -> [decayed steps, decayed tokens emitted, decayed seconds, the timed step it last ran]
-        self.measured: dict[tuple[int, int], list[float]] = {}
+        # what each (rows, width) emitted per second (the engine's: kept across its batches, like the overhead)
+        self.rates = MeasuredRates(decay, forget_after) if rates is None else rates
 
     def probe_in_shadow(self, full_forward: bool = True) -> bool:
         """Whether the width the last choose() returned is a probe whose one-token drafts are scored in shadow
@@ -133,12 +136,8 @@ class BatchDraftLength:
         return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows))
 
     def measured_rate(self, num_rows: int, width: int) -> float | None:
-        """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted; None for fewer than two
-        such steps (a decayed count below 1.5), or none in the last `forget_after` timed steps."""
-        steps, tokens, seconds, last = self.measured.get((num_rows, width), (0.0, 0.0, 0.0, 0))
-        if steps < 1.5 or seconds <= 0 or self._timed_steps - last > self.forget_after:
-            return None
-        return tokens / seconds
+        """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted (`MeasuredRates.rate`)."""
+        return self.rates.rate(num_rows, width)
 
     def _measured_down(self, width: int, num_rows: int) -> int:
         """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster. A width
@@ -178,13 +177,9 @@ class BatchDraftLength:
         if shape not in self.seen_shapes:
             self.seen_shapes.add(shape)
             return
-        self._timed_steps += 1
-        if not shadow_probe:
-            counts = self.measured.setdefault((len(drafted), max(drafted)), [0.0, 0.0, 0.0, 0])
-            emitted = len(drafted) + num_accepted  # each row's next token, and the drafts accepted
-            for i, value in enumerate((1.0, emitted, step_seconds)):
-                counts[i] = self.decay * counts[i] + value
-            counts[3] = self._timed_steps
+        self.rates.tick()
+        if not shadow_probe:  # each row's next token, and the drafts accepted
+            self.rates.observe(len(drafted), max(drafted), len(drafted) + num_accepted, step_seconds)
         self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
         self.cost_curve.observe(total_tokens - 1, verify_seconds)
@@ -193,3 +188,34 @@ class BatchDraftLength:
             overhead = max(0.0, step_seconds - verify_seconds) / decode_seconds
             self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))
 
+
+
+class MeasuredRates:
+    """Tokens per second that timed batch steps emitted, per (rows, width): decayed sums of steps, tokens and seconds
+    (decayed by `decay` whenever that shape is timed again), a rate from a shape's second timed step on (one step's
+    time is noise), forgotten `forget_after` timed steps (of any shape) after it last ran. The engine keeps one per
+    wrapper (`SelfSpecModel.batch_rates`), shared by its batches as their cost curve and step overhead are, so a
+    batch starts from the rates earlier ones measured instead of paying for them again (round 19; in memory only)."""
+
+    def __init__(self, decay: float = 0.9, forget_after: int = 64):
+        self.decay, self.forget_after = decay, forget_after
+        self.timed_steps = 0
+        # (rows, width) -> [decayed steps, decayed tokens emitted, decayed seconds, the timed step it last ran]
+        self.counts: dict[tuple[int, int], list[float]] = {}
+
+    def tick(self) -> None:
+        """A timed step ran (of any shape; a shadow probe's too)."""
+        self.timed_steps += 1
+
+    def observe(self, num_rows: int, width: int, emitted: int, seconds: float) -> None:
+        counts = self.counts.setdefault((num_rows, width), [0.0, 0.0, 0.0, 0])
+        for i, value in enumerate((1.0, emitted, seconds)):
+            counts[i] = self.decay * counts[i] + value
+        counts[3] = self.timed_steps
+
+    def rate(self, num_rows: int, width: int) -> float | None:
+        """None for fewer than two such steps (a decayed count below 1.5), or none in the last `forget_after`."""
+        steps, tokens, seconds, last = self.counts.get((num_rows, width), (0.0, 0.0, 0.0, 0))
+        if steps < 1.5 or seconds <= 0 or self.timed_steps - last > self.forget_after:
+            return None
+        return tokens / seconds

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.attention_backends import engine_attention
+from selfspec.batch_draft_length import MeasuredRates
 from selfspec.draft_length import StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
@@ -101,6 +102,7 @@ class SelfSpecModel:
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
         self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
+        self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device, self.few_row_kernel)  # 0: chains
         if self.tree_size:
@@ -150,6 +152,11 @@ class SelfSpecModel:
         as their cost curve is (in memory only: it depends on the prompts' lengths and the process as much as on the
         device)."""
         return self._batch_overhead
+
+    def batch_rates(self) -> MeasuredRates:
+        """Tokens per second this wrapper's timed batch steps emitted per (rows, width), which overrule the planner's
+        model where they disagree; shared by its batches (in memory only), as the step overhead is."""
+        return self._batch_rates
 
     def generate(
         self,
