@@ -280,17 +280,17 @@ def capped_choice(policy, budget: int) -> int:
 
 def draft_length_policy(
     num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True,
-    draft_cost: float = 0.0, verified_tokens: Callable[[int], int] | None = None,
+    draft_cost: float = 0.0, verified_tokens: Callable[[int], int] | None = None, max_draft_tokens: int = 8,
 ):
     """An int -> a fixed policy; "auto" -> an adaptive one planning with `load_cost_curve()` (called only then, so
     a fixed k never reads the curve's cache) and learning step costs from timings unless told not to, starting from
-    `draft_cost` decodes per draft token and pricing k drafts as `verified_tokens(k)` verified (default k); a ready
-    policy object (choose/observe) is used as is."""
+    `draft_cost` decodes per draft token, pricing k drafts as `verified_tokens(k)` verified (default k), k up to
+    `max_draft_tokens`; a ready policy object (choose/observe) is used as is."""
     if num_draft_tokens == "auto":
         if load_cost_curve is None:
             raise ValueError('num_draft_tokens="auto" needs the device\'s verify cost curve')
         return AdaptiveDraftLength(load_cost_curve(), learn_step_cost=learn_step_cost, draft_cost=draft_cost,
-                                   verified_tokens=verified_tokens)
+                                   verified_tokens=verified_tokens, max_draft_tokens=max_draft_tokens)
     if isinstance(num_draft_tokens, bool) or not isinstance(num_draft_tokens, int) or num_draft_tokens < 0:
         if hasattr(num_draft_tokens, "choose") and hasattr(num_draft_tokens, "observe"):
             return num_draft_tokens

@@ -263,6 +263,8 @@ class SelfSpecModel:
         """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from
         acceptance and the prior curve only, so a seed gives the same k, hence the same tokens, on every run."""
         pricing = {"draft_cost": getattr(self.drafter, "draft_cost", 0.0)}  # a drafter's estimate, decodes per token
+        if getattr(self.drafter, "max_draft_tokens", None):  # (Medusa: one token per head; priced past it before)
+            pricing["max_draft_tokens"] = min(8, self.drafter.max_draft_tokens)
         if self.tree_size and hasattr(self.drafter, "max_tree_nodes"):  # a tree k deep verifies up to its node budget
             pricing["verified_tokens"] = lambda depth: self.drafter.max_tree_nodes(depth, self.tree_size)
         if options.reproducible:

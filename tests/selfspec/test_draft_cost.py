@@ -66,3 +66,16 @@ def test_the_auto_policy_starts_from_the_drafters_cost(seed):
     options = DecodeOptions(max_new_tokens=4, sampling=sampling, num_draft_tokens="auto", seed=seed)
     policy = spec._draft_length_policy(options)
     assert policy.overhead.per_token == pytest.approx(spec.drafter.draft_cost) and spec.drafter.draft_cost > 0
+
+
+@pytest.mark.parametrize("seed", [None, 0])
+def test_the_auto_policy_plans_no_more_drafts_than_the_drafter_proposes(seed):
+    """Medusa proposes at most one token per head: "auto" plans k up to its heads, not 8 (round 18 noticed it priced
+    k up to 8 for 4 heads, and a batch's width had been capped by them already). Drafters without a cap keep 8.
+    Catches (planted): the engine not passing the cap (8)."""
+    model = tiny_model("llama", seed=2, num_layers=2)
+    sampling = SamplingConfig(do_sample=seed is not None, temperature=1.0)
+    options = DecodeOptions(max_new_tokens=4, sampling=sampling, num_draft_tokens="auto", seed=seed)
+    medusa = SelfSpecModel(model, heads=MedusaHeads.for_model(model, num_heads=3))
+    assert medusa.drafter.max_draft_tokens == 3 and medusa._draft_length_policy(options).max_draft_tokens == 3
+    assert SelfSpecModel(model, drafter="ngram")._draft_length_policy(options).max_draft_tokens == 8
