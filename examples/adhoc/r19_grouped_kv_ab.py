@@ -10,7 +10,6 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 
 os.environ["SELFSPEC_CACHE_DIR"] = tempfile.mkdtemp()
 import torch  # noqa: E402
@@ -21,6 +20,7 @@ from selfspec.bench.models import load  # noqa: E402
 from selfspec.bench.prompts import prompt_ids, prompt_texts  # noqa: E402
 from selfspec.bench.settings import parse_args  # noqa: E402
 from selfspec.engine import SelfSpecModel  # noqa: E402
+from timing import timed_call  # noqa: E402  (examples/adhoc/timing.py)
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -40,12 +40,7 @@ kw = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=[])
 
 def run(name, prompt):
     backends._KERNEL_TAKES_GROUPS = not name.endswith("repeated")  # (also names the variant's own cost curve)
-    started = time.perf_counter()
-    if name == "generate":
-        out = model.generate(prompt, pad_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(prompt), **kw)
-        return time.perf_counter() - started, 1.0, out[0, prompt.shape[1]:].tolist()
-    out = specs[name].generate(prompt[0], **kw)
-    return time.perf_counter() - started, out.stats.tokens_per_forward, out.sequences[0, prompt.shape[1]:].tolist()
+    return timed_call(model, tokenizer, specs.get(name), prompt, **kw)
 
 
 for name in specs:
