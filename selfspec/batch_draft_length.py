@@ -189,7 +189,6 @@ class BatchDraftLength:
             self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))
 
 
-
 class MeasuredRates:
     """Tokens per second that timed batch steps emitted, per (rows, width): decayed sums of steps, tokens and seconds
     (decayed by `decay` whenever that shape is timed again), a rate from a shape's second timed step on (one step's
