@@ -48,13 +48,12 @@ class AppendInPlaceLayer(DynamicLayer):
             super().batch_select_indices(indices)
 
     def _holds_views(self) -> bool:
-        """Whether keys and values are still the prefix views of the buffers (someone may have replaced them)."""
-        buffers = self._key_buffer, self._value_buffer
-        return buffers[0] is not None and all(
-            tensor.data_ptr() == buffer.data_ptr() and tensor.stride() == buffer.stride()
-            and tensor.shape[:2] == buffer.shape[:2] and tensor.dtype == buffer.dtype
-            for tensor, buffer in zip((self.keys, self.values), buffers)
-        )
+        """Whether keys and values are still the prefix views of the buffers (someone may have replaced them: a new
+        tensor starts elsewhere, a view of another layout has other strides). Runs at every update: kept cheap."""
+        keys, values, key_buffer, value_buffer = self.keys, self.values, self._key_buffer, self._value_buffer
+        return (key_buffer is not None and keys.data_ptr() == key_buffer.data_ptr()
+                and values.data_ptr() == value_buffer.data_ptr() and keys.stride() == key_buffer.stride()
+                and values.stride() == value_buffer.stride())
 
     def _has_room(self, key_states: torch.Tensor, value_states: torch.Tensor, needed: int) -> bool:
         if self.get_seq_length() == 0:  # (an empty or cropped-to-nothing layer: any buffer of the right shape will do)
