@@ -39,9 +39,12 @@ class Module:
 
 
 def attention_inputs(batch, heads, kv_heads, length, queries, dtype, mask_kind, seed=0):
+    """As a model's attention gets them: the query a transposed view of the projection's [B, q, heads, d], keys and
+    values prefix views of a cache's buffers with spare columns."""
     g = torch.Generator().manual_seed(seed)
-    query = torch.randn(batch, heads, queries, 16, generator=g, dtype=dtype)
-    key, value = (torch.randn(batch, kv_heads, length, 16, generator=g, dtype=dtype) for _ in range(2))
+    query = torch.randn(batch, queries, heads, 16, generator=g, dtype=dtype).transpose(1, 2)
+    key, value = (torch.randn(batch, kv_heads, length + 5, 16, generator=g, dtype=dtype)[:, :, :length]
+                  for _ in range(2))
     attended = torch.rand(batch, 1, queries, length, generator=g) < 0.7
     attended[..., -1] = True  # every query sees something
     if mask_kind == "bool":
