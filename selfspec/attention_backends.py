@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 from packaging.version import Version
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 # Every backend but cuDNN's (and ERROR, which is not one).
@@ -64,30 +65,34 @@ def each_resumption(steps: Iterator, context: Callable[[], contextlib.AbstractCo
 
 
 _lock = threading.Lock()
-_installed = {"depth": 0, "replaced": None}  # how many resumptions (any thread) are inside; the function replaced
+_installed = {"depth": 0, "ours": False}  # how many resumptions (any thread) are inside; whether we installed
 
 
 @contextlib.contextmanager
 def grouped_kv_in_kernel():
-    """While inside, `transformers`' "sdpa" attention runs `grouped_kv_sdpa` in front of the function that was there
-    (its own, or a user's override), which it restores on leaving. Counted, so overlapping resumptions (threads, one
-    generator inside another's step) install it once and the last one out restores."""
+    """While inside, `transformers`' "sdpa" attention runs `grouped_kv_sdpa` in front of its own function, and leaves
+    it as it was on leaving. Where a user registered another "sdpa" function, nothing is installed (theirs is theirs
+    to compute). Counted, so overlapping resumptions (threads, one generator inside another's step) install it once
+    and the last one out restores."""
     with _lock:
-        if _installed["depth"] == 0:
-            replaced = ALL_ATTENTION_FUNCTIONS["sdpa"]
-            _installed["replaced"] = replaced
-            ALL_ATTENTION_FUNCTIONS["sdpa"] = lambda *args, **kwargs: grouped_kv_sdpa(replaced, *args, **kwargs)
+        if _installed["depth"] == 0 and ALL_ATTENTION_FUNCTIONS["sdpa"] is sdpa_attention_forward:
+            ALL_ATTENTION_FUNCTIONS["sdpa"] = _grouped_kv_over_transformers
+            _installed["ours"] = True
         _installed["depth"] += 1
     try:
         yield
     finally:
         with _lock:
             _installed["depth"] -= 1
-            if _installed["depth"] == 0:
-                replaced, _installed["replaced"] = _installed["replaced"], None
-                del ALL_ATTENTION_FUNCTIONS["sdpa"]  # ours (a local entry); under it: the global one, or a user's?
-                if ALL_ATTENTION_FUNCTIONS["sdpa"] is not replaced:
-                    ALL_ATTENTION_FUNCTIONS["sdpa"] = replaced  # a user's local override: put back
+            if _installed["depth"] == 0 and _installed["ours"]:
+                _installed["ours"] = False
+                del ALL_ATTENTION_FUNCTIONS["sdpa"]  # our local entry; under it, transformers' own again
+                if ALL_ATTENTION_FUNCTIONS["sdpa"] is not sdpa_attention_forward:  # (it was a local entry before)
+                    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
+
+
+def _grouped_kv_over_transformers(*args, **kwargs):
+    return grouped_kv_sdpa(sdpa_attention_forward, *args, **kwargs)
 
 
 def grouped_kv_sdpa(replaced: Callable, module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -81,8 +81,9 @@ def test_everything_else_goes_to_the_function_it_replaced(case):
     assert result == "replaced" and len(handed) == 1
 
 
-def test_installed_only_inside_and_a_users_override_is_put_back():
+def test_installed_only_inside_and_never_over_a_users_own_sdpa():
     original = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    assert original is hf_sdpa.sdpa_attention_forward
     with grouped_kv_in_kernel():
         inside = ALL_ATTENTION_FUNCTIONS["sdpa"]
         with grouped_kv_in_kernel():  # overlapping (another generator's step): installed once
@@ -93,11 +94,12 @@ def test_installed_only_inside_and_a_users_override_is_put_back():
     def users_sdpa(*args, **kwargs):
         return "user"
 
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = users_sdpa  # a user's local override
+    ALL_ATTENTION_FUNCTIONS["sdpa"] = users_sdpa  # a user's local override: computes what the user says, always
     try:
         with grouped_kv_in_kernel():
-            query, key, value, mask = attention_inputs(1, 4, 2, 9, 1, torch.float32, "additive")
-            assert ALL_ATTENTION_FUNCTIONS["sdpa"](Module(2), query, key, value, mask) == "user"  # handed on to it
+            query, key, value, mask = attention_inputs(1, 4, 2, 9, 3, torch.float32, "additive")
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"] is users_sdpa
+            assert ALL_ATTENTION_FUNCTIONS["sdpa"](Module(2), query, key, value, mask) == "user"
         assert ALL_ATTENTION_FUNCTIONS["sdpa"] is users_sdpa
     finally:
         del ALL_ATTENTION_FUNCTIONS["sdpa"]
