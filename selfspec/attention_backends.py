@@ -37,12 +37,8 @@ _KERNEL_TAKES_GROUPS = Version(torch.__version__.split("+")[0]) >= Version("2.5"
 
 def engine_attention(steps: Iterator, device) -> Iterator:
     """Yield what `steps` yields, each resumption with the engine's attention paths for `device` (see the module)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        return each_resumption(steps, lambda: sdpa_kernel(_ALLOWED))
-    if device.type == "cpu" and _KERNEL_TAKES_GROUPS:
-        return each_resumption(steps, grouped_kv_in_kernel)
-    return steps
+    context = _ROUTE_CONTEXTS.get(attention_route(device))
+    return steps if context is None else each_resumption(steps, context)
 
 
 def attention_route(device) -> str:
@@ -111,3 +107,7 @@ def grouped_kv_sdpa(replaced: Callable, module, query: torch.Tensor, key: torch.
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False, enable_gqa=True,
     )
     return output.transpose(1, 2).contiguous(), None
+
+
+# What each route runs a resumption inside ("as transformers": nothing).
+_ROUTE_CONTEXTS = {"without cudnn": lambda: sdpa_kernel(_ALLOWED), "grouped kv in kernel": grouped_kv_in_kernel}
