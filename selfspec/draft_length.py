@@ -16,6 +16,8 @@ from selfspec.verify_cost import (  # noqa: F401  (re-exported for older imports
     VerifyCost, _non_decreasing, clipped, measure_verify_cost,
 )
 
+MAX_DRAFT_TOKENS = 8  # the most drafts "auto" plans for one step, unless the drafter proposes fewer
+
 
 class CostCurve(Protocol):
     """k -> cost of verifying k drafts in one-token decodes; `decode_seconds` (0 while unknown) converts seconds."""
@@ -83,7 +85,7 @@ class AdaptiveDraftLength:
     def __init__(
         self,
         cost_curve: CostCurve,
-        max_draft_tokens: int = 8,
+        max_draft_tokens: int = MAX_DRAFT_TOKENS,
         prior_acceptance: float = 0.5,
         prior_weight: float = 4.0,
         decay: float = 0.9,
@@ -280,7 +282,8 @@ def capped_choice(policy, budget: int) -> int:
 
 def draft_length_policy(
     num_draft_tokens, load_cost_curve: Callable[[], CostCurve] | None = None, learn_step_cost: bool = True,
-    draft_cost: float = 0.0, verified_tokens: Callable[[int], int] | None = None, max_draft_tokens: int = 8,
+    draft_cost: float = 0.0, verified_tokens: Callable[[int], int] | None = None,
+    max_draft_tokens: int = MAX_DRAFT_TOKENS,
 ):
     """An int -> a fixed policy; "auto" -> an adaptive one planning with `load_cost_curve()` (called only then, so
     a fixed k never reads the curve's cache) and learning step costs from timings unless told not to, starting from

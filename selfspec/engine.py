@@ -14,7 +14,9 @@ import torch
 
 from selfspec.attention_backends import engine_attention
 from selfspec.batch_draft_length import MeasuredRates
-from selfspec.draft_length import StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow
+from selfspec.draft_length import (
+    MAX_DRAFT_TOKENS, StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow,
+)
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
@@ -264,7 +266,7 @@ class SelfSpecModel:
         acceptance and the prior curve only, so a seed gives the same k, hence the same tokens, on every run."""
         pricing = {"draft_cost": getattr(self.drafter, "draft_cost", 0.0)}  # a drafter's estimate, decodes per token
         if getattr(self.drafter, "max_draft_tokens", None):  # (Medusa: one token per head; priced past it before)
-            pricing["max_draft_tokens"] = min(8, self.drafter.max_draft_tokens)
+            pricing["max_draft_tokens"] = min(MAX_DRAFT_TOKENS, self.drafter.max_draft_tokens)
         if self.tree_size and hasattr(self.drafter, "max_tree_nodes"):  # a tree k deep verifies up to its node budget
             pricing["verified_tokens"] = lambda depth: self.drafter.max_tree_nodes(depth, self.tree_size)
         if options.reproducible:
