@@ -10,20 +10,12 @@ import time
 
 import torch
 import transformers
-
-from selfspec.bench.prompts import prompt_ids, prompt_texts
-from selfspec.engine import SelfSpecModel
-from selfspec.loading import load_model, load_tokenizer
+from harness import reference_batch  # (examples/adhoc/harness.py)
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
-MODEL = "examples/reference/model"
-model, tokenizer = load_model(MODEL), load_tokenizer(MODEL)
-kind, texts = prompt_texts(tokenizer, 16)
-pool = prompt_ids(tokenizer, texts, kind, 8192, 96, "cpu")
 batch, rounds = int(sys.argv[1]), int(sys.argv[2])
-prompts = [pool[i % len(pool)][0] for i in range(batch)]
-spec = SelfSpecModel(model, heads="examples/reference/heads", tokenizer=tokenizer)
+spec, prompts = reference_batch(batch)
 kw = dict(max_new_tokens=96, eos_token_id=[])
 variants = [0, "auto"]
 for k in variants:  # warm-up

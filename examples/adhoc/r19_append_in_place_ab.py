@@ -14,19 +14,12 @@ import transformers
 
 import selfspec.batch_cache
 import selfspec.cache
-from selfspec.bench.prompts import prompt_ids, prompt_texts
-from selfspec.engine import SelfSpecModel
-from selfspec.loading import load_model, load_tokenizer
+from harness import reference_batch  # (examples/adhoc/harness.py)
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 batch, rounds = int(sys.argv[1]), int(sys.argv[2])
-model = load_model("examples/reference/model")
-tokenizer = load_tokenizer("examples/reference/model")
-kind, texts = prompt_texts(tokenizer, 16)
-pool = prompt_ids(tokenizer, texts, kind, 8192, 96, "cpu")
-prompts = [pool[i % len(pool)][0] for i in range(batch)]
-spec = SelfSpecModel(model, heads="examples/reference/heads", tokenizer=tokenizer)
+spec, prompts = reference_batch(batch)
 in_place = selfspec.cache.append_in_place
 
 

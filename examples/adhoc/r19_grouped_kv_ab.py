@@ -20,7 +20,7 @@ from selfspec.bench.models import load  # noqa: E402
 from selfspec.bench.prompts import prompt_ids, prompt_texts  # noqa: E402
 from selfspec.bench.settings import parse_args  # noqa: E402
 from selfspec.engine import SelfSpecModel  # noqa: E402
-from timing import timed_call  # noqa: E402  (examples/adhoc/timing.py)
+from harness import timed_call  # noqa: E402  (examples/adhoc/harness.py)
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
