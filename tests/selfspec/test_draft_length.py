@@ -257,6 +257,32 @@ def test_acceptance_is_estimated_per_position():
     assert rates[0] > 0.8 and rates[1] < 0.3  # 0.86 is the most 10 observations + a prior worth 4 allow
 
 
+def test_a_position_that_looked_bad_early_is_tried_again():
+    """A tree's second level rejected on the first 12 steps, then always accepted: the policy settles on one level,
+    where the second level is never drafted, so no evidence could change its estimate; its evidence ages with every
+    step that does not reach it, so deep trees come back within a few steps. Where the second level stays useless it is
+    retried at growing intervals (each rejection is evidence that ages again). Catches (planted): no ageing
+    (stale_decay=1: one level for the remaining 188 steps)."""
+    tree = lambda k: min(6, 4 * k)  # noqa: E731
+
+    def steps(stale_decay, right_after, num_steps=200):
+        policy = AdaptiveDraftLength(CPU_LIKE, stale_decay=stale_decay, verified_tokens=tree, learn_step_cost=False)
+        chosen = []
+        for step in range(num_steps):
+            k, accepted = policy.choose(), 0
+            while accepted < k and (accepted == 0 or step >= right_after):
+                accepted += 1
+            policy.observe(k, accepted)
+            chosen.append(k)
+        return chosen
+
+    assert steps(1.0, 12)[12:].count(1) >= 185  # stuck one level deep
+    recovered = steps(0.95, 12)
+    assert recovered[12:].count(1) <= 5 and recovered[-50:] == [8] * 50
+    never = steps(0.95, 10**9)  # the second level never right: tried again now and then, not often
+    assert never[20:].count(1) >= 150 and 3 <= sum(k > 1 for k in never[20:]) <= 30
+
+
 def test_policy_from_argument():
     assert isinstance(draft_length_policy(3), FixedDraftLength)
     assert isinstance(draft_length_policy("auto", lambda: CPU_LIKE), AdaptiveDraftLength)
