@@ -60,8 +60,9 @@ class AdaptiveDraftLength:
     steps, 1.78 tokens per forward where the same prompt had given 2.40). At k=0 nothing is observed, so after
     `probe_every` steps at k=0 one draft token is tried anyway (a probe), so that a drafter that turns useful again is
     noticed. Each probe that is rejected doubles the wait before the next (up to `max_probe_every`); k > 0 chosen on
-    the evidence (after accepted probes raised the estimates) resets it. A drafter that is rarely right thus costs a handful of probes per generation,
-    not one every 8 steps (an early-exit probe costs about half a decode: one per 8 steps was a 6 % loss on SmolLM2).
+    the evidence (after accepted probes raised the estimates) resets it. A drafter that is rarely right thus costs a
+    handful of probes per generation, not one every 8 steps (an early-exit probe costs about half a decode: one per 8
+    steps was a 6 % loss on SmolLM2).
     `verified_tokens`: k -> the tokens a step drafting k verifies, when that is not k: a tree k levels deep verifies
     up to its node budget (the drafter's `max_tree_nodes`), and is priced so, so on a CPU a tree must earn its nodes.
     `draft_cost`: what drafting one token is expected to cost, in one-token decodes (a drafter's `draft_cost`, e.g.
