@@ -26,7 +26,7 @@ from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
-from selfspec.tree_forward import check_tree_drafting, resolve_tree_size
+from selfspec.tree_forward import check_tree_drafting, resolve_min_node_probability, resolve_tree_size
 from selfspec.verifier import Verdict
 from selfspec.verify_cost import (
     LearnedVerifyCost, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
@@ -75,7 +75,9 @@ class SelfSpecModel:
     max_ngram_size=3, exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
     tree_size: verify a tree of up to this many draft tokens per step instead of a chain (Medusa and EAGLE drafters
     build trees; others keep proposing chains); None or 0: chains; "auto": a node budget from this device's prior
-    verify cost, or on a CPU with the few-row kernel the size measured best there (10; `resolve_tree_size`). Needs a
+    verify cost, or on a CPU with the few-row kernel the size measured best there (10; `resolve_tree_size`), keeping
+    there only nodes of cumulative draft probability above 0.02 (`min_node_probability`; each verified node costs
+    ~0.03 decodes there; 0 elsewhere and for a given N: the N most probable nodes). Needs a
     model whose attention takes a custom 4D mask (checked here) and cannot be combined with early exit. The
     draft-length policy's k then caps the tree's depth: the stats and the verify-cost curve see a tree step as N
     drafted tokens (the nodes verified), the "auto" policy as a draft as deep as the tree, each with the accepted
@@ -107,6 +109,8 @@ class SelfSpecModel:
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         self.tree_size = resolve_tree_size(tree_size, self.target.device, self.few_row_kernel)  # 0: chains
+        # a node of a tree must be at least this probable under the drafter (`DraftContext.min_node_probability`)
+        self.min_node_probability = resolve_min_node_probability(tree_size, self.target.device, self.few_row_kernel)
         if self.tree_size:
             check_tree_drafting(self.drafter, self.target)
 
@@ -332,7 +336,7 @@ class SelfSpecModel:
         hidden_states = torch.cat(unseen) if len(unseen) > 1 else unseen[0]  # [num_new, hidden]
         context = DraftContext(
             token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache,
-            self.tree_size, probe,
+            self.tree_size, probe, self.min_node_probability,
         )
         return self.drafter.propose(context), []
 

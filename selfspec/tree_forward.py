@@ -131,6 +131,15 @@ MAX_TREE_SIZE = 64
 # mostly drafts one level. Round 16 (cheaper tree drafting, same sweep): greedy 6 / 10 / 16 at 1.72x / 1.61x / 1.52x
 # (chain 1.45x), sampled 1.43x / 1.46x / 1.38x (chain 1.50x): 6 and 10 within the noise of each other; 10 kept.
 AUTO_TREE_SIZE_FEW_ROW_KERNEL = 10
+# ... and "auto" there keeps only the nodes whose cumulative draft probability exceeds this (`DraftContext.
+# min_node_probability`): each node verified costs ~0.03 decodes there (the kernel's curve from 4 to 10 nodes), and
+# the EAGLE head's draft probabilities are about its acceptance rates at every depth (round 20,
+# examples/adhoc/r20_tree_calibration.py 4 128 10 6: accepted 1.1-1.3x p), so a node of probability p buys about p
+# tokens, worth p / 1.7 decodes at 1.7x. Measured (round 20, Intel Xeon, SmolLM2 EAGLE greedy, trees of 10,
+# examples/adhoc/r20_node_floor_ab.py, medians of 9-12 paired runs): floors 0 / 0.03 / 0.06 at 1.62x / 1.66x / 1.59x
+# of generate (9.1 / 7.4 / 4.5 nodes per step), then 0 / 0.02 / 0.03 at 1.65x / 1.72x / 1.68x (9.3 / 8.7 / 7.5 nodes;
+# tokens per forward 2.54 / 2.55 / 2.45); trees of 16 with floors 0 / 0.03: 1.50x / 1.63x.
+AUTO_MIN_NODE_PROBABILITY_FEW_ROW_KERNEL = 0.02
 
 
 def resolve_tree_size(tree_size, device, few_row_kernel: bool = False) -> int:
@@ -146,6 +155,15 @@ def resolve_tree_size(tree_size, device, few_row_kernel: bool = False) -> int:
     if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0:
         raise ValueError(f'tree_size must be None, an integer >= 0 (0 = chains) or "auto", got {tree_size!r}')
     return tree_size
+
+
+def resolve_min_node_probability(tree_size, device, few_row_kernel: bool = False) -> float:
+    """The cumulative draft probability a tree's node must exceed to be verified: for "auto" trees on a CPU with the
+    few-row kernel, where each node verified costs a few hundredths of a decode, the measured floor; else 0.0 (the N
+    most probable nodes, whatever their probability: on an accelerator nodes are nearly free)."""
+    if tree_size == "auto" and few_row_kernel and torch.device(device).type == "cpu":
+        return AUTO_MIN_NODE_PROBABILITY_FEW_ROW_KERNEL
+    return 0.0
 
 
 def check_tree_drafting(drafter, target: TargetModel) -> None:

@@ -41,6 +41,9 @@ class DraftContext:
     # prefills layers always is, `draft_length.probe_in_shadow`): then only the pending token's prefilled state is
     # read, and a drafter may skip prefilling its draft token (early exit: that token's pass over its layers).
     probe: bool = False
+    # A tree keeps only nodes whose cumulative draft probability (the product along their path) exceeds this; 0 = the
+    # `tree_size` most probable nodes, whatever their probability (`tree_forward.resolve_min_node_probability`).
+    min_node_probability: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,11 @@ to the exact verifier.
 Trees (`DraftContext.tree_size` = N > 0), EAGLE-2 style: depth by depth, the `tree_top_k` candidates of highest
 cumulative draft probability are expanded in one head forward (a 4D mask lets each attend to its own path's entries
 of the head cache, at position = depth), each adding its top-k children; then all candidates are reranked and the N
-most probable kept. A node whose cumulative probability is no more than the N-th best so far is not expanded (none
-of its descendants could be kept), and a level with no such node ends the drafting. Children are DISTINCT
-(deterministic), also when sampling. The tree's head entries follow the real ones, so the next proposal's crop to
-the real length removes them all.
+most probable kept (only those above `DraftContext.min_node_probability`, when set). A node whose cumulative
+probability is no more than the N-th best so far, or not above that floor, is not expanded (none of its descendants
+could be kept), and a level with no node left to expand ends the drafting. Children are DISTINCT (deterministic),
+also when sampling. The tree's head entries follow the real ones, so the next proposal's crop to the real length
+removes them all.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from selfspec.cache import KVCache
 from selfspec.drafters.base import (
     Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
 )
-from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier
+from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier, score_floor
 from selfspec.sampling import top_probability
 
 
@@ -108,6 +109,7 @@ class EagleDrafter:
         """feature [1, hidden] of the pending token's position -> the tree of the `context.tree_size` most probable
         nodes, at most `context.num_draft_tokens` deep."""
         width, device = self.tree_top_k, feature.device
+        least = score_floor(context.min_node_probability)  # a kept node scores above this
         pending_position = context.token_ids.shape[0] - 1
         candidates = TreeCandidates(device)
         # Rows of `features` are the nodes expanded last (at first the root): ancestor_slots[row] holds the head cache
@@ -126,7 +128,7 @@ class EagleDrafter:
                 break
             # [F'] the best of this depth by cumulative probability, of those whose descendants could still be among
             # the N best (when none can, deeper levels are not drafted: the same tree for fewer head forwards)
-            expand = frontier(ids, scores, width, candidates.kth_best_score(context.tree_size))
+            expand = frontier(ids, scores, width, max(candidates.kth_best_score(context.tree_size), least))
             if expand.numel() == 0:
                 break
             parent_rows = (expand // tokens.shape[1]).tolist()
@@ -137,7 +139,7 @@ class EagleDrafter:
                                  positions, self._cache.hf_cache, attention_mask=mask)[0]  # [F', hidden]
             ancestor_slots = [ancestor_slots[row] + [slots_before + i] for i, row in enumerate(parent_rows)]
             ids, scores = ids[expand], scores[expand]
-        tree_tokens, parents = candidates.best(context.tree_size)
+        tree_tokens, parents = candidates.best(context.tree_size, least)
         return Draft(tree_tokens, parents=parents) if tree_tokens.numel() else Draft.empty(device)
 
     def _tree_mask(self, ancestor_slots: list[list[int]], slots_before: int, dtype, device) -> torch.Tensor:

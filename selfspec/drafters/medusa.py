@@ -15,7 +15,7 @@ import torch
 from selfspec.drafters.base import (
     Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
 )
-from selfspec.drafters.tree_select import ROOT, TreeCandidates
+from selfspec.drafters.tree_select import ROOT, TreeCandidates, score_floor
 from selfspec.sampling import top_probability
 
 
@@ -121,7 +121,7 @@ class MedusaDrafter:
             # A node among the N best overall is among the N best of its depth: expanding those loses none.
             best = scores.topk(min(context.tree_size, scores.shape[0])).indices
             ids, scores = ids[best], scores[best]
-        tree_tokens, parents = candidates.best(context.tree_size)
+        tree_tokens, parents = candidates.best(context.tree_size, score_floor(context.min_node_probability))
         return Draft(tree_tokens, parents=parents) if tree_tokens.numel() else Draft.empty(tokens.device)
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:

@@ -7,9 +7,16 @@ kept before it: the N best form a tree, already in topological order.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 ROOT = -1  # the pending token: the parent of depth-1 candidates
+
+
+def score_floor(min_node_probability: float) -> float:
+    """`DraftContext.min_node_probability` -> the score (cumulative log draft probability) a kept node must exceed."""
+    return math.log(min_node_probability) if min_node_probability > 0 else -math.inf
 
 
 class TreeCandidates:
@@ -42,16 +49,17 @@ class TreeCandidates:
             return -torch.inf
         return float(torch.cat(self._scores).topk(k).values[-1])
 
-    def best(self, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `budget` most probable candidates -> ([n] tokens, [n] parents as indices into the kept nodes, -1 = the
-        root), most probable first; candidates of probability 0 are never kept."""
+    def best(self, budget: int, floor: float = -torch.inf) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `budget` most probable candidates scoring above `floor` (default: of probability > 0) -> ([n] tokens,
+        [n] parents as indices into the kept nodes, -1 = the root), most probable first. A parent scores at least its
+        child, so what is kept is a tree."""
         if not self._tokens:
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             return empty, empty
         tokens, parents, scores = torch.cat(self._tokens), torch.cat(self._parents), torch.cat(self._scores)
         # Stable: on a tie (a child of probability 1) the parent, added earlier, stays first.
         order = torch.sort(scores, descending=True, stable=True).indices[:budget]
-        keep = order[scores[order] > -torch.inf]  # [n]
+        keep = order[scores[order] > floor]  # [n]
         position = torch.full((self.num_candidates,), ROOT, dtype=torch.long, device=self.device)
         position[keep] = torch.arange(keep.shape[0], device=self.device)
         kept_parents = parents[keep]

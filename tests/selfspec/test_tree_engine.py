@@ -13,7 +13,7 @@ import selfspec.verify_step
 from selfspec import SelfSpecModel
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.drafters.base import Draft, DraftContext
-from selfspec.tree_forward import resolve_tree_size
+from selfspec.tree_forward import resolve_min_node_probability, resolve_tree_size
 from selfspec.sampling import SamplingConfig
 from selfspec.tree_verifier import try_sampled_child, walk_tree
 from tests.conftest import random_prompt, tiny_model
@@ -61,10 +61,11 @@ def medusa_model_and_heads(family):
     return model, trained_heads(model, greedy_sequences(model, prompts, 40)), prompts
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_medusa_trees_equal_generate(family, monkeypatch):
+@pytest.mark.parametrize("family, floor", [("llama", 0.0), ("qwen2", 0.0), ("llama", 0.05)])
+def test_greedy_medusa_trees_equal_generate(family, floor, monkeypatch):
     model, heads, prompts = medusa_model_and_heads(family)
     spec = SelfSpecModel(model, heads=heads, tree_size=8, min_draft_confidence=0.0)
+    spec.min_node_probability = floor  # ("auto" trees on a CPU with the few-row kernel set one)
     spy = TreeSpy(monkeypatch)
     stats = []
     for prompt in prompts:
@@ -76,10 +77,11 @@ def test_greedy_medusa_trees_equal_generate(family, monkeypatch):
     spy.assert_exercised(f"medusa trees {family}")
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_eagle_trees_equal_generate(family, monkeypatch):
+@pytest.mark.parametrize("family, floor", [("llama", 0.0), ("qwen2", 0.0), ("llama", 0.05)])
+def test_greedy_eagle_trees_equal_generate(family, floor, monkeypatch):
     model = sharp(tiny_model(family))
     spec = SelfSpecModel(model, heads=trained_head(model), tree_size=8)
+    spec.min_node_probability = floor
     spy = TreeSpy(monkeypatch)
     stats = []
     for seed in range(3):
@@ -156,6 +158,46 @@ def test_eagle_trees_skip_only_nodes_that_could_not_be_kept(monkeypatch):
                 assert num_forwards <= all_forwards
                 saved += all_forwards - num_forwards
     assert saved > 0, "some level must have been left undrafted"
+
+
+@pytest.mark.parametrize("drafter", ["medusa", "eagle"])
+def test_a_node_floor_drops_exactly_the_nodes_at_or_below_it(drafter, monkeypatch):
+    """With `DraftContext.min_node_probability` p a drafted tree is the tree drafted without it in the same context,
+    less its nodes of cumulative draft probability <= p (the last ones, most probable first), so no kept node loses
+    its parent and no node above p is lost. Catches (planted): the floor ignored by the drafter (nothing dropped)."""
+    from dataclasses import replace
+
+    from selfspec.drafters import tree_select
+
+    kept_scores, best = [], tree_select.TreeCandidates.best
+
+    def recording(self, budget, floor=-torch.inf):  # the scores of the nodes `best` keeps, most probable first
+        scores = torch.cat(self._scores)
+        ranked = scores[torch.sort(scores, descending=True, stable=True).indices[:budget]]
+        kept_scores.append(ranked[ranked > floor])
+        return best(self, budget, floor)
+
+    monkeypatch.setattr(tree_select.TreeCandidates, "best", recording)
+    if drafter == "eagle":
+        model = sharp(tiny_model())
+        spec = SelfSpecModel(model, heads=trained_head(model), tree_size=12)
+    else:
+        model, heads, _ = medusa_model_and_heads("llama")
+        spec = SelfSpecModel(model, heads=heads, tree_size=12, min_draft_confidence=0.0)
+    dropped = kept_some = 0
+    with torch.no_grad():
+        for seed in range(6):
+            context = first_tree_context(spec, seed, num_draft_tokens=3)
+            whole = spec.drafter.propose(context)
+            scores = kept_scores[-1]
+            floor = float(scores[len(scores) // 2].exp())  # the median node's probability: about half are dropped
+            floored = spec.drafter.propose(replace(context, min_node_probability=floor))
+            above = int((scores > torch.log(torch.tensor(floor))).sum())
+            assert torch.equal(floored.tokens, whole.tokens[:above]), (drafter, seed)
+            assert torch.equal(floored.parents, whole.parents[:above]), (drafter, seed)
+            dropped += whole.tokens.numel() - above
+            kept_some += above > 1
+    assert dropped > 0 and kept_some > 0
 
 
 def chain_feature(drafter, hidden, tokens, path):
@@ -318,6 +360,36 @@ def test_auto_tree_size_with_the_few_row_kernel_is_the_measured_one():
 def test_a_wrapper_with_the_few_row_kernel_passes_it_to_auto_tree_size():
     spec = SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", tree_size="auto")
     assert spec.few_row_kernel and spec.tree_size == 10
+
+
+def test_auto_trees_with_the_few_row_kernel_keep_only_nodes_above_the_measured_floor():
+    """On a CPU with the few-row kernel an "auto" tree keeps nodes of cumulative draft probability above 0.02 (each
+    verified node costs ~0.03 decodes there); elsewhere, and for a tree size given, the N most probable."""
+    assert resolve_min_node_probability("auto", "cpu", few_row_kernel=True) == 0.02
+    assert resolve_min_node_probability("auto", "cpu", few_row_kernel=False) == 0.0
+    assert resolve_min_node_probability("auto", "cuda", few_row_kernel=True) == 0.0
+    assert resolve_min_node_probability(10, "cpu", few_row_kernel=True) == 0.0
+    assert resolve_min_node_probability(None, "cpu", few_row_kernel=True) == 0.0
+
+
+@pytest.mark.usefixtures("needs_kernel")
+def test_the_node_floor_reaches_the_drafter():
+    seen = []
+
+    class Recording:
+        def propose(self, context):
+            seen.append((context.tree_size, context.min_node_probability))
+            return Draft.empty(context.token_ids.device)
+
+        def observe(self, num_drafted, num_accepted):
+            pass
+
+    model = tiny_model(dtype=torch.float32)
+    for tree_size, expected in (("auto", (10, 0.02)), (8, (8, 0.0))):
+        seen.clear()
+        SelfSpecModel(model, drafter=Recording(), tree_size=tree_size).generate(
+            random_prompt(8), max_new_tokens=4, num_draft_tokens=2, eos_token_id=[])
+        assert seen and set(seen) == {expected}, tree_size
 
 
 class TreeOfTwo:
