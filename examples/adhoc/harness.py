@@ -1,22 +1,55 @@
 """What the ad hoc A/B scripts share from round 18's last ones on (earlier ones repeat it, frozen as run): one timed
-call of plain `generate` or of a SelfSpecModel, and the reference model's batch of code prompts."""
+call of plain `generate` or of a SelfSpecModel, the interleaved rounds of an A/B, SmolLM2 with held-out chat prompts,
+and the reference model's batch of code prompts."""
+import random
 import time
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 
 REFERENCE = "examples/reference/model"
 
 
-def timed_call(model, tokenizer, spec, prompt: torch.Tensor, **kwargs) -> tuple[float, float, list[int]]:
-    """(seconds, tokens per target forward, new token ids) of `model.generate` (spec None) or `spec.generate` on the
-    [1, T] prompt with the same keyword arguments."""
+class Timed(NamedTuple):
+    seconds: float
+    tokens_per_forward: float
+    new_tokens: list[int]
+    stats: Any  # the call's GenerationStats (None for plain generate)
+
+
+def timed_call(model, tokenizer, spec, prompt: torch.Tensor, **kwargs) -> Timed:
+    """(seconds, tokens per target forward, new token ids, stats) of `model.generate` (spec None) or `spec.generate`
+    on the [1, T] prompt with the same keyword arguments."""
     started = time.perf_counter()
     if spec is None:
         out = model.generate(prompt, pad_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(prompt),
                              **kwargs)
-        return time.perf_counter() - started, 1.0, out[0, prompt.shape[1]:].tolist()
+        return Timed(time.perf_counter() - started, 1.0, out[0, prompt.shape[1]:].tolist(), None)
     out = spec.generate(prompt[0], **kwargs)
-    return time.perf_counter() - started, out.stats.tokens_per_forward, out.sequences[0, prompt.shape[1]:].tolist()
+    return Timed(time.perf_counter() - started, out.stats.tokens_per_forward,
+                 out.sequences[0, prompt.shape[1]:].tolist(), out.stats)
+
+
+def interleaved(variants: list[str], prompts: list, rounds: int, run: Callable[[str, Any], Any],
+                seed: int = 0) -> Iterator[dict[str, Any]]:
+    """For each round and prompt, {variant: run(variant, prompt)} with the variants run in a random order (one
+    generator, seeded, for the whole A/B)."""
+    order = random.Random(seed)
+    for _ in range(rounds):
+        for prompt in prompts:
+            yield {name: run(name, prompt) for name in order.sample(variants, len(variants))}
+
+
+def smollm2_chat(num_prompts: int, max_new_tokens: int):
+    """(SmolLM2, its tokenizer, `num_prompts` held-out chat prompts [1, T] with room for max_new_tokens)."""
+    from selfspec.bench.models import load
+    from selfspec.bench.prompts import prompt_ids, prompt_texts
+    from selfspec.bench.settings import parse_args
+
+    loaded = load(parse_args(["--model", "smollm2", "--heads", "none", "--eagle", "examples/smollm2/eagle"]), [])
+    kind, texts = prompt_texts(loaded.tokenizer, num_prompts)
+    return loaded.model, loaded.tokenizer, prompt_ids(loaded.tokenizer, texts, kind, 2048, max_new_tokens, "cpu")
 
 
 def reference_batch(batch_size: int, max_new_tokens: int = 96):

@@ -114,10 +114,10 @@ value_by_rank, accepted_by_rank = torch.zeros(RANKS), torch.zeros(RANKS)
 best = tree_select.TreeCandidates.best
 
 
-def recording_best(self, budget):
+def recording_best(self, budget, floor=-torch.inf):  # (round 20: best takes the node floor)
     scores = torch.cat(self._scores).sort(descending=True).values[:RANKS].exp()  # [<= RANKS] what ranks would hold
     value_by_rank[: scores.shape[0]] += scores
-    return best(self, budget)
+    return best(self, budget, floor)
 
 
 def recording_verify(*args):

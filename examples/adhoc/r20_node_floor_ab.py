@@ -5,28 +5,21 @@ the N best, as before; first run with it as an EAGLE drafter option, same code p
 per round, with the user's cache directory. Prints the median speedup over generate, tokens per forward, nodes
 verified per step, and whether every run's tokens equal generate's.
 Usage: python examples/adhoc/r20_node_floor_ab.py ROUNDS NUM_PROMPTS MAX_NEW_TOKENS N FLOOR [FLOOR ...]"""
-import random
 import statistics
 import sys
-import time
 
 import torch
 import transformers
 
-from selfspec.bench.models import load
-from selfspec.bench.prompts import prompt_ids, prompt_texts
-from selfspec.bench.settings import parse_args
 from selfspec.engine import SelfSpecModel
+from harness import interleaved, smollm2_chat, timed_call  # examples/adhoc/harness.py
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 rounds, num_prompts, max_new, tree_size = (int(a) for a in sys.argv[1:5])
 floors = [float(a) for a in sys.argv[5:]]
 
-loaded = load(parse_args(["--model", "smollm2", "--heads", "none", "--eagle", "examples/smollm2/eagle"]), [])
-model, tokenizer = loaded.model, loaded.tokenizer
-kind, texts = prompt_texts(tokenizer, num_prompts)
-prompts = prompt_ids(tokenizer, texts, kind, 2048, max_new, "cpu")
+model, tokenizer, prompts = smollm2_chat(num_prompts, max_new)
 specs = {f"floor {f}": SelfSpecModel(model, "eagle", heads="examples/smollm2/eagle", tokenizer=tokenizer,
                                      tree_size=tree_size) for f in [0.0, *floors]}
 for f, spec in zip([0.0, *floors], specs.values()):
@@ -36,29 +29,21 @@ kw = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=[])
 
 
 def run(name, prompt):
-    started = time.perf_counter()
-    if name == "generate":
-        out = model.generate(prompt, pad_token_id=tokenizer.eos_token_id, attention_mask=torch.ones_like(prompt), **kw)
-        return time.perf_counter() - started, 1.0, 0.0, out[0, prompt.shape[1]:].tolist()
-    out = specs[name].generate(prompt[0], **kw)
-    stats = out.stats
-    return (time.perf_counter() - started, stats.tokens_per_forward, stats.drafted / max(stats.target_forwards - 1, 1),
-            out.sequences[0, prompt.shape[1]:].tolist())
+    return timed_call(model, tokenizer, specs.get(name), prompt, **kw)
 
 
 for name in specs:
     run(name, prompts[0][:, -32:])  # warm-up
 speedups, tpf, nodes, identical = ({v: [] for v in variants} for _ in range(4))
-order = random.Random(0)
-for _ in range(rounds):
-    for prompt in prompts:
-        results = {name: run(name, prompt) for name in order.sample(variants, len(variants))}
-        for name in variants:
-            speedups[name].append(results["generate"][0] / results[name][0])
-            tpf[name].append(results[name][1])
-            nodes[name].append(results[name][2])
-            identical[name].append(results[name][3] == results["generate"][3])
-        print(" ".join(f"{name}: {speedups[name][-1]:.2f}x {tpf[name][-1]:.2f}" for name in specs), flush=True)
+for results in interleaved(variants, prompts, rounds, run):
+    plain = results["generate"]
+    for name in variants:
+        timed, stats = results[name], results[name].stats
+        speedups[name].append(plain.seconds / timed.seconds)
+        tpf[name].append(timed.tokens_per_forward)
+        nodes[name].append(stats.drafted / max(stats.target_forwards - 1, 1) if stats else 0.0)
+        identical[name].append(timed.new_tokens == plain.new_tokens)
+    print(" ".join(f"{name}: {speedups[name][-1]:.2f}x {tpf[name][-1]:.2f}" for name in specs), flush=True)
 print(f"{rounds} rounds x {len(prompts)} prompts, {max_new} new tokens; medians of per-run ratios to generate")
 for name in variants:
     print(f"{name:14s} {statistics.median(speedups[name]):.3f}x (mean {statistics.mean(speedups[name]):.3f}x)  "

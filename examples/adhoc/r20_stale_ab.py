@@ -5,7 +5,6 @@ per round, with the user's cache directory (the kept cost curves, as the benchma
 over generate, tokens per forward, the mean depth "auto" asked for, and whether every run's tokens equal generate's.
 Usage: python examples/adhoc/r20_stale_ab.py ROUNDS NUM_PROMPTS MAX_NEW_TOKENS [N [S]]"""
 import functools
-import random
 import statistics
 import sys
 
@@ -13,11 +12,8 @@ import torch
 import transformers
 
 import selfspec.draft_length as dl
-from selfspec.bench.models import load
-from selfspec.bench.prompts import prompt_ids, prompt_texts
-from selfspec.bench.settings import parse_args
 from selfspec.engine import SelfSpecModel
-from harness import timed_call  # examples/adhoc/harness.py
+from harness import interleaved, smollm2_chat, timed_call  # examples/adhoc/harness.py
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -25,10 +21,7 @@ rounds, num_prompts, max_new = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[
 tree_size = int(sys.argv[4]) if len(sys.argv) > 4 else 10
 stale = float(sys.argv[5]) if len(sys.argv) > 5 else 0.95
 
-loaded = load(parse_args(["--model", "smollm2", "--heads", "none", "--eagle", "examples/smollm2/eagle"]), [])
-model, tokenizer = loaded.model, loaded.tokenizer
-kind, texts = prompt_texts(tokenizer, num_prompts)
-prompts = prompt_ids(tokenizer, texts, kind, 2048, max_new, "cpu")
+model, tokenizer, prompts = smollm2_chat(num_prompts, max_new)
 specs = {f"{name} stale={s}": (SelfSpecModel(model, "eagle", heads="examples/smollm2/eagle", tokenizer=tokenizer,
                                              tree_size=n), s)
          for name, n in [("chain", None), (f"tree {tree_size}", tree_size)] for s in (1.0, stale)}
@@ -48,25 +41,20 @@ def run(name, prompt):
     spec, s = specs.get(name, (None, 1.0))
     dl.AdaptiveDraftLength = functools.partial(Traced, stale_decay=s)  # what draft_length_policy builds for "auto"
     asked.clear()
-    result = timed_call(model, tokenizer, spec, prompt, **kw)
-    return (*result, statistics.mean(asked) if asked else 0.0)
+    return timed_call(model, tokenizer, spec, prompt, **kw), statistics.mean(asked) if asked else 0.0
 
 
 for name in specs:
     run(name, prompts[0][:, -32:])  # warm-up
 speedups, tpf, identical, depth = ({v: [] for v in variants} for _ in range(4))
-order = random.Random(0)
-for _ in range(rounds):
-    for prompt in prompts:
-        results = {}
-        for name in order.sample(variants, len(variants)):
-            results[name] = run(name, prompt)
-        for name in variants:
-            speedups[name].append(results["generate"][0] / results[name][0])
-            tpf[name].append(results[name][1])
-            identical[name].append(results[name][2] == results["generate"][2])
-            depth[name].append(results[name][3])
-        print(" ".join(f"{name}: {speedups[name][-1]:.2f}x {tpf[name][-1]:.2f}" for name in specs), flush=True)
+for results in interleaved(variants, prompts, rounds, run):
+    for name in variants:
+        (timed, mean_asked), plain = results[name], results["generate"][0]
+        speedups[name].append(plain.seconds / timed.seconds)
+        tpf[name].append(timed.tokens_per_forward)
+        identical[name].append(timed.new_tokens == plain.new_tokens)
+        depth[name].append(mean_asked)
+    print(" ".join(f"{name}: {speedups[name][-1]:.2f}x {tpf[name][-1]:.2f}" for name in specs), flush=True)
 print(f"{rounds} rounds x {len(prompts)} prompts, {max_new} new tokens; medians of per-run ratios to generate")
 for name in variants:
     print(f"{name:24s} {statistics.median(speedups[name]):.3f}x (mean {statistics.mean(speedups[name]):.3f}x)  "

@@ -1,8 +1,9 @@
 """Round 20 (Intel Xeon, one thread): is the EAGLE head's draft probability calibrated by depth? SmolLM2 with its EAGLE
-head, greedy, held-out chat prompts, trees of N nodes at a fixed depth cap D (so every level is drafted). For every
-verified node whose parent was accepted (the node was "reached"), its conditional draft probability p (its score
-minus its parent's) and whether the verifier accepted it; printed by depth and p bin: nodes reached, mean p, share
-accepted. Calibrated drafts accept at about their p at every depth; a tree ranks nodes by the product of their p.
+head, greedy, held-out chat prompts, trees of N nodes at a fixed depth cap D (so every level is drafted), no node
+floor (a given N has none; first run before the floor existed). For every verified node whose parent was accepted
+(the node was "reached"), its conditional draft probability p (its score minus its parent's) and whether the
+verifier accepted it; printed by depth and p bin: nodes reached, mean p, share accepted. Calibrated drafts accept at
+about their p at every depth; a tree ranks nodes by the product of their p.
 Usage: python examples/adhoc/r20_tree_calibration.py NUM_PROMPTS MAX_NEW_TOKENS N D"""
 import sys
 from collections import defaultdict
@@ -11,30 +12,25 @@ import torch
 import transformers
 
 import selfspec.verify_step as verify_step
-from selfspec.bench.models import load
-from selfspec.bench.prompts import prompt_ids, prompt_texts
-from selfspec.bench.settings import parse_args
 from selfspec.drafters.tree_select import TreeCandidates
 from selfspec.engine import SelfSpecModel
+from harness import smollm2_chat  # examples/adhoc/harness.py
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 num_prompts, max_new, tree_size, depth_cap = (int(a) for a in sys.argv[1:5])
-loaded = load(parse_args(["--model", "smollm2", "--heads", "none", "--eagle", "examples/smollm2/eagle"]), [])
-model, tokenizer = loaded.model, loaded.tokenizer
-kind, texts = prompt_texts(tokenizer, num_prompts)
-prompts = prompt_ids(tokenizer, texts, kind, 2048, max_new, "cpu")
+model, tokenizer, prompts = smollm2_chat(num_prompts, max_new)
 spec = SelfSpecModel(model, "eagle", heads="examples/smollm2/eagle", tokenizer=tokenizer, tree_size=tree_size)
 
 kept_scores = []  # the last tree's kept nodes' cumulative log draft probabilities
 best = TreeCandidates.best
 
 
-def best_with_scores(self, budget):
+def best_with_scores(self, budget, floor=-torch.inf):
     scores = torch.cat(self._scores)
     order = torch.sort(scores, descending=True, stable=True).indices[:budget]
-    kept_scores[:] = scores[order[scores[order] > -torch.inf]].tolist()
-    return best(self, budget)
+    kept_scores[:] = scores[order[scores[order] > floor]].tolist()
+    return best(self, budget, floor)
 
 
 TreeCandidates.best = best_with_scores
