@@ -148,7 +148,7 @@ def resolve_tree_size(tree_size, device, few_row_kernel: bool = False) -> int:
     if tree_size is None:
         return 0
     if tree_size == "auto":
-        if few_row_kernel and torch.device(device).type == "cpu":
+        if _kernel_cpu(device, few_row_kernel):
             return AUTO_TREE_SIZE_FEW_ROW_KERNEL
         cost = prior_verify_cost(torch.device(device))
         return max(n for n in range(1, MAX_TREE_SIZE + 1) if n == 1 or cost(n) <= AUTO_TREE_VERIFY_COST)
@@ -161,9 +161,14 @@ def resolve_min_node_probability(tree_size, device, few_row_kernel: bool = False
     """The cumulative draft probability a tree's node must exceed to be verified: for "auto" trees on a CPU with the
     few-row kernel, where each node verified costs a few hundredths of a decode, the measured floor; else 0.0 (the N
     most probable nodes, whatever their probability: on an accelerator nodes are nearly free)."""
-    if tree_size == "auto" and few_row_kernel and torch.device(device).type == "cpu":
+    if tree_size == "auto" and _kernel_cpu(device, few_row_kernel):
         return AUTO_MIN_NODE_PROBABILITY_FEW_ROW_KERNEL
     return 0.0
+
+
+def _kernel_cpu(device, few_row_kernel: bool) -> bool:
+    """A CPU whose few-row products run through selfspec's kernel: where "auto" trees' settings were measured."""
+    return bool(few_row_kernel) and torch.device(device).type == "cpu"
 
 
 def check_tree_drafting(drafter, target: TargetModel) -> None:
