@@ -12,7 +12,7 @@ import torch
 import transformers
 
 import selfspec.verify_step as verify_step
-from selfspec.drafters.tree_select import TreeCandidates
+from selfspec.drafters.tree_select import TreeCandidates, kept
 from selfspec.engine import SelfSpecModel
 from harness import smollm2_chat  # examples/adhoc/harness.py
 
@@ -28,8 +28,7 @@ best = TreeCandidates.best
 
 def best_with_scores(self, budget, floor=-torch.inf):
     scores = torch.cat(self._scores)
-    order = torch.sort(scores, descending=True, stable=True).indices[:budget]
-    kept_scores[:] = scores[order[scores[order] > floor]].tolist()
+    kept_scores[:] = scores[kept(scores, budget, floor)].tolist()
     return best(self, budget, floor)
 
 

@@ -57,14 +57,19 @@ class TreeCandidates:
             empty = torch.empty(0, dtype=torch.long, device=self.device)
             return empty, empty
         tokens, parents, scores = torch.cat(self._tokens), torch.cat(self._parents), torch.cat(self._scores)
-        # Stable: on a tie (a child of probability 1) the parent, added earlier, stays first.
-        order = torch.sort(scores, descending=True, stable=True).indices[:budget]
-        keep = order[scores[order] > floor]  # [n]
+        keep = kept(scores, budget, floor)  # [n]
         position = torch.full((self.num_candidates,), ROOT, dtype=torch.long, device=self.device)
         position[keep] = torch.arange(keep.shape[0], device=self.device)
         kept_parents = parents[keep]
         new_parents = torch.where(kept_parents == ROOT, kept_parents, position[kept_parents.clamp_min(0)])  # [n]
         return tokens[keep], new_parents
+
+
+def kept(scores: torch.Tensor, budget: int, floor: float = -torch.inf) -> torch.Tensor:
+    """[n] positions of the `budget` highest of `scores` [M] above `floor`, highest first; stable, so on a tie (a child
+    of probability 1) the parent, added earlier, stays first. `TreeCandidates.best` keeps these candidates."""
+    order = torch.sort(scores, descending=True, stable=True).indices[:budget]
+    return order[scores[order] > floor]
 
 
 def frontier(ids: torch.Tensor, scores: torch.Tensor, width: int, floor: float = -torch.inf) -> torch.Tensor:

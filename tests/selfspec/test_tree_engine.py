@@ -173,8 +173,7 @@ def test_a_node_floor_drops_exactly_the_nodes_at_or_below_it(drafter, monkeypatc
 
     def recording(self, budget, floor=-torch.inf):  # the scores of the nodes `best` keeps, most probable first
         scores = torch.cat(self._scores)
-        ranked = scores[torch.sort(scores, descending=True, stable=True).indices[:budget]]
-        kept_scores.append(ranked[ranked > floor])
+        kept_scores.append(scores[tree_select.kept(scores, budget, floor)])
         return best(self, budget, floor)
 
     monkeypatch.setattr(tree_select.TreeCandidates, "best", recording)
