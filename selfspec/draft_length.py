@@ -27,6 +27,13 @@ class CostCurve(Protocol):
     def __call__(self, num_draft_tokens: int) -> float: ...
 
 
+def curve_at(cost_curve: CostCurve, tokens: float) -> float:
+    """The curve at a mean number of tokens verified, linear between the whole numbers around it."""
+    below = int(tokens)
+    part = tokens - below
+    return cost_curve(below) if part == 0 else (1.0 - part) * cost_curve(below) + part * cost_curve(below + 1)
+
+
 class FixedDraftLength:
     """Always ask for the same number of draft tokens (the drafter may still propose fewer)."""
 
@@ -63,8 +70,13 @@ class AdaptiveDraftLength:
     the evidence (after accepted probes raised the estimates) resets it. A drafter that is rarely right thus costs a
     handful of probes per generation, not one every 8 steps (an early-exit probe costs about half a decode: one per 8
     steps was a 6 % loss on SmolLM2).
-    `verified_tokens`: k -> the tokens a step drafting k verifies, when that is not k: a tree k levels deep verifies
-    up to its node budget (the drafter's `max_tree_nodes`), and is priced so, so on a CPU a tree must earn its nodes.
+    `verified_tokens`: k -> the most tokens a step drafting k verifies, when that is not k: a tree k levels deep
+    verifies up to its node budget (the drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes. A step
+    that tells `observe` how many it verified (`verified=`: a tree's nodes) teaches the price of its depth: k is
+    priced at the decayed mean of what steps drafting k verified, a depth not drafted yet from the depths below it
+    (`tokens_verified`). A tree that keeps only nodes above a probability floor verifies fewer than its budget
+    (SmolLM2's trees of 16 with the 0.02 floor: ~8 of 16), and priced at its budget it was kept shallower than it
+    paid to be (round 21).
     `draft_cost`: what drafting one token is expected to cost, in one-token decodes (a drafter's `draft_cost`, e.g.
     early exit's share of the model's weights it runs); the learned per-token overhead is pulled towards it rather
     than towards 0, so a costly drafter is not tried at length before timings come in.
@@ -116,7 +128,9 @@ class AdaptiveDraftLength:
         self.decay = decay
         self.stale_decay = stale_decay  # per step, for the evidence of positions the step did not draft to
         self.learn_step_cost = learn_step_cost
-        self.verified_tokens = verified_tokens or (lambda k: k)  # k -> tokens one step verifies (a tree: its nodes)
+        self.verified_tokens = verified_tokens or (lambda k: k)  # k -> the most tokens a step verifies (tree: nodes)
+        self.verified_steps = [0.0] * (max_draft_tokens + 1)  # [k] decayed count of steps drafting k that told verified
+        self.verified_sum = [0.0] * (max_draft_tokens + 1)  # [k] of those, decayed sum of the tokens they verified
         self.min_gain = min_gain  # drafting must be expected this much faster than k = 0 (a fraction)
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
@@ -162,9 +176,23 @@ class AdaptiveDraftLength:
             tokens.append(1.0 + kept * expected)
         return tokens + [tokens[-1]] * (max_draft_tokens + 1 - len(tokens))  # past max_draft_tokens: no more drafts
 
+    def tokens_verified(self, num_draft_tokens: int) -> float:
+        """Expected tokens a step drafting k = `num_draft_tokens` verifies: what such steps verified (`observe`'s
+        `verified`), with a prior worth one step: what steps drafting k - 1 are expected to verify plus what the
+        (k - 1)-th level added to them, at most `verified_tokens(k)`. A depth not drafted yet is so priced from the
+        depths below it, and a tree that drafted k - 1 levels for fewer nodes than its budget (a node floor) is
+        expected to grow as it did, not to fill its budget. A chain's k stays k."""
+        before, expected = 0.0, 0.0
+        for k in range(1, num_draft_tokens + 1):
+            most = self.verified_tokens(k)
+            prior = most if k == 1 else min(most, 2 * expected - before)
+            steps, total = (self.verified_steps[k], self.verified_sum[k]) if k <= self.max_draft_tokens else (0.0, 0.0)
+            before, expected = expected, (total + prior) / (steps + 1.0)
+        return expected
+
     def step_cost(self, num_draft_tokens: int) -> float:
         """Expected cost of a step asking for `num_draft_tokens`, in one-token decodes."""
-        verify = self.cost_curve(self.verified_tokens(num_draft_tokens))
+        verify = curve_at(self.cost_curve, self.tokens_verified(num_draft_tokens))
         if num_draft_tokens:
             declined = self.decline_rate()
             verify = (1.0 - declined) * verify + declined * self.cost_curve(0)
@@ -180,11 +208,16 @@ class AdaptiveDraftLength:
         return self._last_asked
 
     def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None,
-                asked: int | None = None) -> None:
+                asked: int | None = None, verified: int | None = None) -> None:
         """The step drafted `num_drafted`, the verifier accepted `num_accepted`, and the step's engine work took
         `seconds` (None: not timed, learn acceptance only). `asked`: the k the step asked the drafter for, when not
-        this policy's last choice (a batch's width chooses for every row)."""
+        this policy's last choice (a batch's width chooses for every row). `verified`: the tokens the step verified,
+        when not `num_drafted` (a tree `num_drafted` levels deep: its nodes)."""
         asked, self._last_asked = self._last_asked if asked is None else asked, 0
+        if verified is not None and num_drafted:
+            k = min(num_drafted, self.max_draft_tokens)
+            self.verified_steps[k] = self.decay * self.verified_steps[k] + 1.0
+            self.verified_sum[k] = self.decay * self.verified_sum[k] + verified
         self.probes.observed(num_accepted)
         if asked > 0:  # what asking gave: a draft, or none (declined)
             self.asked = self.decay * self.asked + 1.0
@@ -200,7 +233,7 @@ class AdaptiveDraftLength:
         decode_seconds = self.cost_curve.decode_seconds  # 0 until the curve knows this device's decode time
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
             ran = num_drafted or asked  # a declined ask still ran the drafter: its cost belongs to asking
-            verify = self.cost_curve(self.verified_tokens(num_drafted))
+            verify = self.cost_curve(self.verified_tokens(num_drafted) if verified is None else verified)
             step = clipped(seconds / decode_seconds, verify + self.overhead.predict(ran))  # in one-token decodes
             self.overhead.observe(ran, step - verify)
 

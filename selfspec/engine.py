@@ -15,7 +15,8 @@ import torch
 from selfspec.attention_backends import engine_attention
 from selfspec.batch_draft_length import MeasuredRates
 from selfspec.draft_length import (
-    MAX_DRAFT_TOKENS, StepOverhead, capped_choice, draft_length_policy, probe_asked, probe_in_shadow,
+    MAX_DRAFT_TOKENS, AdaptiveDraftLength, StepOverhead, capped_choice, draft_length_policy, probe_asked,
+    probe_in_shadow,
 )
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
@@ -82,8 +83,8 @@ class SelfSpecModel:
     draft-length policy's k then caps the tree's depth: the stats and the verify-cost curve see a tree step as N
     drafted tokens (the nodes verified), the "auto" policy as a draft as deep as the tree, each with the accepted
     path's length accepted, so "auto" learns per-depth acceptance and the curve the real cost of verifying N; "auto"
-    prices a tree k levels deep as the most nodes such a tree holds (the drafter's `max_tree_nodes`), so on a CPU a
-    tree must earn its nodes.
+    prices a tree k levels deep as the nodes such trees verified (at first the most such a tree holds, the drafter's
+    `max_tree_nodes`), so on a CPU a tree must earn its nodes.
     few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-32
     rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
     it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding) always run through F.linear.
@@ -372,8 +373,11 @@ class SelfSpecModel:
             policy.observe(1, int(probe), seconds=None)
         else:
             self.drafter.observe(draft.num_draft_tokens, verdict.num_accepted)
-            # The policy learns acceptance by draft position (a tree's depth); the cost curve, tokens verified (nodes).
-            policy.observe(depth, verdict.num_accepted, seconds=None if first_of_shape else seconds)
+            # The policy learns acceptance by draft position (a tree's depth) and a tree's nodes per depth; the cost
+            # curve, tokens verified (nodes).
+            learns_nodes = draft.parents is not None and isinstance(policy, AdaptiveDraftLength)
+            verified = {"verified": draft.num_draft_tokens} if learns_nodes else {}
+            policy.observe(depth, verdict.num_accepted, seconds=None if first_of_shape else seconds, **verified)
         if self._verify_cost is not None and draft.prefilled_layers == 0 and not first_of_shape:
             self._verify_cost.observe(draft.num_draft_tokens, verify_seconds)  # a full forward verified these drafts
 

@@ -433,3 +433,33 @@ def test_medusa_confidence_threshold_drafts_fewer_and_stays_exact():
                     sure = heads(context.hidden_state, model.lm_head).softmax(dim=-1).amax(dim=-1) >= threshold
                 assert proposed == min(asked, int(sure.long().cumprod(0).sum()))
     assert drafted[0.0] > drafted[median] > drafted[1.0] == 0
+
+
+def test_a_tree_is_priced_by_the_nodes_such_trees_verified():
+    """Trees of a 32-node budget (4 children per level: min(32, 4k) k levels deep) under a node floor verify 5 nodes
+    from depth 2 on. Priced at their budget, where each verified token costs 0.1 decodes, they stay two levels deep;
+    told what each step verified, the policy prices a depth at what steps drafting it verified (a depth not drafted
+    yet: as the depths below it grew) and goes deep within a few steps. A chain is priced as before. Catches
+    (planted): `verified` ignored (two levels for good)."""
+    budget = lambda k: min(32, 4 * k)  # noqa: E731
+    floored = lambda k: min(budget(k), 5)  # noqa: E731
+    tenth = VerifyCost(tuple(1 + 0.1 * k for k in range(33)))
+
+    def depths(learns, num_steps=30):
+        policy = AdaptiveDraftLength(tenth, prior_acceptance=0.7, learn_step_cost=False, verified_tokens=budget)
+        chosen = []
+        for _ in range(num_steps):
+            policy.tried, policy.accepted = [1000.0] * 8, [700.0] * 8  # acceptance 0.7 at every depth, kept so
+            k = policy.choose()
+            policy.observe(k, min(k, 1), **({"verified": floored(k)} if learns else {}))
+            chosen.append(k)
+        return chosen, policy
+
+    stuck, policy = depths(learns=False)
+    assert stuck == [2] * 30 and policy.tokens_verified(3) == 12
+    deep, policy = depths(learns=True)
+    assert deep[:1] == [2] and deep[-20:] == [8] * 20
+    assert policy.tokens_verified(1) == 4 and policy.tokens_verified(8) == pytest.approx(5, abs=0.2)
+    assert policy.step_cost(8) == pytest.approx(tenth(5), abs=0.02)
+    chain = AdaptiveDraftLength(CPU_LIKE)
+    assert [chain.tokens_verified(k) for k in range(9)] == list(range(9)) and chain.step_cost(3) == CPU_LIKE(3)

@@ -318,6 +318,33 @@ def test_auto_prices_a_tree_step_by_the_most_nodes_it_can_hold(drafter, monkeypa
     assert "verified_tokens" not in given[1]
 
 
+def test_auto_learns_the_nodes_each_tree_depth_verified(monkeypatch):
+    """The engine tells an "auto" policy the nodes each tree step verified (`observe(depth, ..., verified=nodes)`),
+    and tells it nothing of the kind for chains; a fixed draft length with trees takes no such argument. Catches
+    (planted): the step's depth passed as its nodes, nodes withheld, nodes passed to a fixed policy (TypeError)."""
+    from selfspec.draft_length import AdaptiveDraftLength
+
+    model = sharp(tiny_model("llama"))
+    heads = trained_head(model)
+    told, observe = [], AdaptiveDraftLength.observe
+    monkeypatch.setattr(AdaptiveDraftLength, "observe",
+                        lambda self, depth, *a, **kw: told.append((depth, kw.get("verified"))) or observe(self, depth,
+                                                                                                        *a, **kw))
+    spy = TreeSpy(monkeypatch)
+    spec = SelfSpecModel(model, heads=heads, tree_size=12)
+    spec.generate(random_prompt(8, seed=5), max_new_tokens=24, eos_token_id=[])
+    trees = [(tree.num_nodes, int(tree.depths.max())) for tree, _ in spy.steps]
+    tree_steps = [(nodes, depth) for depth, nodes in told if nodes is not None]
+    assert trees and tree_steps == [(nodes, depth) for nodes, depth in trees]
+    assert any(nodes > depth for nodes, depth in trees)  # branches: the nodes are not the depth
+    told.clear()
+    SelfSpecModel(model, heads=heads).generate(random_prompt(8, seed=5), max_new_tokens=24, eos_token_id=[])
+    assert told and all(nodes is None for _, nodes in told)
+    spy.steps.clear()
+    spec.generate(random_prompt(8, seed=5), max_new_tokens=12, num_draft_tokens=2, eos_token_id=[])
+    assert spy.steps  # a fixed depth: verified, no TypeError
+
+
 def test_chain_drafters_keep_proposing_chains_with_tree_size():
     """tree_size reaches every drafter (DraftContext.tree_size); n-gram ignores it and its chains are verified as
     before; "auto" resolves to this device's node budget."""
