@@ -1,7 +1,9 @@
 """What the ad hoc A/B scripts share from round 18's last ones on (earlier ones repeat it, frozen as run): one timed
-call of plain `generate` or of a SelfSpecModel, the interleaved rounds of an A/B, SmolLM2 with held-out chat prompts,
-and the reference model's batch of code prompts."""
+call of plain `generate` or of a SelfSpecModel, the interleaved rounds of an A/B, greedy SelfSpecModels against
+`generate` with the summary round 20-21's tree A/Bs print, SmolLM2 with held-out chat prompts, and the reference
+model's batch of code prompts."""
 import random
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -39,6 +41,39 @@ def interleaved(variants: list[str], prompts: list, rounds: int, run: Callable[[
     for _ in range(rounds):
         for prompt in prompts:
             yield {name: run(name, prompt) for name in order.sample(variants, len(variants))}
+
+
+def greedy_against_generate(model, tokenizer, specs: dict, prompts: list, rounds: int, max_new_tokens: int) -> None:
+    """Each SelfSpecModel in `specs` ({name: spec}) warmed up once, then plain `generate` and every spec run greedily
+    on every prompt, `rounds` times, interleaved; prints each prompt's speedups and tokens per forward, then per
+    variant the median speedup over `generate`, tokens per forward, tokens drafted per step (a tree's nodes) and how
+    many runs gave `generate`'s tokens."""
+    variants = ["generate", *specs]
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=[])
+
+    def run(name, prompt):
+        return timed_call(model, tokenizer, specs.get(name), prompt, **kwargs)
+
+    for name in specs:
+        run(name, prompts[0][:, -32:])  # warm-up
+    speedups, tpf, drafted, identical = ({v: [] for v in variants} for _ in range(4))
+    for results in interleaved(variants, prompts, rounds, run):
+        plain = results["generate"]
+        for name in variants:
+            timed, stats = results[name], results[name].stats
+            speedups[name].append(plain.seconds / timed.seconds)
+            tpf[name].append(timed.tokens_per_forward)
+            drafted[name].append(stats.drafted / max(stats.target_forwards - 1, 1) if stats else 0.0)
+            identical[name].append(timed.new_tokens == plain.new_tokens)
+        print(" ".join(f"{name}: {speedups[name][-1]:.2f}x {tpf[name][-1]:.2f}" for name in specs), flush=True)
+    print(f"{rounds} rounds x {len(prompts)} prompts, {max_new_tokens} new tokens; "
+          "medians of per-run ratios to generate")
+    width = max(map(len, variants)) + 1
+    for name in variants:
+        median, mean = statistics.median(speedups[name]), statistics.mean(speedups[name])
+        same, runs = sum(identical[name]), len(identical[name])
+        print(f"{name:{width}s} {median:.3f}x (mean {mean:.3f}x)  tokens/forward {statistics.mean(tpf[name]):.2f}  "
+              f"drafted per step {statistics.mean(drafted[name]):.2f}  identical {same}/{runs}")
 
 
 def smollm2_chat(num_prompts: int, max_new_tokens: int):

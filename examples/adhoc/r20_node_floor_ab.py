@@ -5,14 +5,13 @@ the N best, as before; first run with it as an EAGLE drafter option, same code p
 per round, with the user's cache directory. Prints the median speedup over generate, tokens per forward, nodes
 verified per step, and whether every run's tokens equal generate's.
 Usage: python examples/adhoc/r20_node_floor_ab.py ROUNDS NUM_PROMPTS MAX_NEW_TOKENS N FLOOR [FLOOR ...]"""
-import statistics
 import sys
 
 import torch
 import transformers
 
 from selfspec.engine import SelfSpecModel
-from harness import interleaved, smollm2_chat, timed_call  # examples/adhoc/harness.py
+from harness import greedy_against_generate, smollm2_chat  # examples/adhoc/harness.py
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -24,28 +23,4 @@ specs = {f"floor {f}": SelfSpecModel(model, "eagle", heads="examples/smollm2/eag
                                      tree_size=tree_size) for f in [0.0, *floors]}
 for f, spec in zip([0.0, *floors], specs.values()):
     spec.min_node_probability = f
-variants = ["generate", *specs]
-kw = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=[])
-
-
-def run(name, prompt):
-    return timed_call(model, tokenizer, specs.get(name), prompt, **kw)
-
-
-for name in specs:
-    run(name, prompts[0][:, -32:])  # warm-up
-speedups, tpf, nodes, identical = ({v: [] for v in variants} for _ in range(4))
-for results in interleaved(variants, prompts, rounds, run):
-    plain = results["generate"]
-    for name in variants:
-        timed, stats = results[name], results[name].stats
-        speedups[name].append(plain.seconds / timed.seconds)
-        tpf[name].append(timed.tokens_per_forward)
-        nodes[name].append(stats.drafted / max(stats.target_forwards - 1, 1) if stats else 0.0)
-        identical[name].append(timed.new_tokens == plain.new_tokens)
-    print(" ".join(f"{name}: {speedups[name][-1]:.2f}x {tpf[name][-1]:.2f}" for name in specs), flush=True)
-print(f"{rounds} rounds x {len(prompts)} prompts, {max_new} new tokens; medians of per-run ratios to generate")
-for name in variants:
-    print(f"{name:14s} {statistics.median(speedups[name]):.3f}x (mean {statistics.mean(speedups[name]):.3f}x)  "
-          f"tokens/forward {statistics.mean(tpf[name]):.2f}  drafted per step {statistics.mean(nodes[name]):.2f}  "
-          f"identical {sum(identical[name])}/{len(identical[name])}")
+greedy_against_generate(model, tokenizer, specs, prompts, rounds, max_new)
