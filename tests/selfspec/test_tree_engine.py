@@ -327,15 +327,18 @@ def test_auto_learns_the_nodes_each_tree_depth_verified(monkeypatch):
     model = sharp(tiny_model("llama"))
     heads = trained_head(model)
     told, observe = [], AdaptiveDraftLength.observe
-    monkeypatch.setattr(AdaptiveDraftLength, "observe",
-                        lambda self, depth, *a, **kw: told.append((depth, kw.get("verified"))) or observe(self, depth,
-                                                                                                        *a, **kw))
+
+    def recording(self, depth, *args, **kwargs):  # (depth, nodes told or None) of every step the policy observes
+        told.append((depth, kwargs.get("verified")))
+        return observe(self, depth, *args, **kwargs)
+
+    monkeypatch.setattr(AdaptiveDraftLength, "observe", recording)
     spy = TreeSpy(monkeypatch)
     spec = SelfSpecModel(model, heads=heads, tree_size=12)
     spec.generate(random_prompt(8, seed=5), max_new_tokens=24, eos_token_id=[])
     trees = [(tree.num_nodes, int(tree.depths.max())) for tree, _ in spy.steps]
     tree_steps = [(nodes, depth) for depth, nodes in told if nodes is not None]
-    assert trees and tree_steps == [(nodes, depth) for nodes, depth in trees]
+    assert trees and tree_steps == trees
     assert any(nodes > depth for nodes, depth in trees)  # branches: the nodes are not the depth
     told.clear()
     SelfSpecModel(model, heads=heads).generate(random_prompt(8, seed=5), max_new_tokens=24, eos_token_id=[])
