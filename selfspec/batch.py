@@ -357,10 +357,11 @@ def _check_batch_support(spec, options) -> None:
             "sequence's masks and positions, so it cannot decode ragged rows; decode these prompts one by one, or use "
             "drafter='ngram', 'medusa' or 'eagle' for batches"
         )
-    if spec.tree_size:
+    if spec.tree_size and spec.tree_size_requested != "auto":  # "auto" trees: the batch drafts chains
         raise NotImplementedError(
-            "tree drafts are verified one sequence at a time; for several prompts use a SelfSpecModel without "
-            "tree_size (chains of draft tokens)"
+            f"tree drafts are verified one sequence at a time; this SelfSpecModel was wrapped with "
+            f"tree_size={spec.tree_size_requested!r}: for several prompts use one with tree_size=\"auto\" (the "
+            "default: chains for batches) or None"
         )
     k = options.num_draft_tokens
     if k != "auto" and (isinstance(k, bool) or not isinstance(k, int)):

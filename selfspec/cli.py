@@ -49,8 +49,8 @@ def _model_path(path: str) -> str:
 
 
 def _tree_size(text: str):
-    if text == "auto":
-        return text
+    if text in ("auto", "none"):
+        return None if text == "none" else text
     return _int_at_least(0)(text)
 
 
@@ -145,9 +145,10 @@ def _add_generate(commands) -> None:
     where.add_argument("--drafter", choices=DRAFTERS,
                        help="where drafts come from; default: the heads' kind (medusa or eagle) when --heads is given, "
                        "else ngram (free, and strong on repetitive text such as code); none turns speculation off")
-    where.add_argument("--tree-size", type=_tree_size, metavar="N",
-                       help="verify a tree of N draft nodes per step (medusa and eagle heads), or auto (from this "
-                       "device's verify cost); default: a chain")
+    where.add_argument("--tree-size", type=_tree_size, metavar="N", default="auto",
+                       help="verify a tree of N draft nodes per step (medusa and eagle heads); auto: trees where "
+                       "they were measured to pay (a CPU with selfspec's few-row kernel: 10 nodes; a GPU), chains "
+                       "elsewhere; none or 0: chains; default: auto")
     where.add_argument("--drafter-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                        help="an option for the drafter, repeatable (e.g. max_ngram_size=3, exit_layer=2); default: "
                        "the drafter's own defaults")

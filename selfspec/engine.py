@@ -27,7 +27,7 @@ from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
-from selfspec.tree_forward import check_tree_drafting, resolve_min_node_probability, resolve_tree_size
+from selfspec.tree_forward import choose_tree_size, resolve_min_node_probability
 from selfspec.verifier import Verdict
 from selfspec.verify_cost import (
     LearnedVerifyCost, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
@@ -74,12 +74,15 @@ class SelfSpecModel:
     `propose(context) -> Draft` and `observe(num_drafted, num_accepted)`. Default: the heads' own kind when heads
     are given (MedusaHeads / EagleHead or their directory), else "ngram". heads and drafter_options (e.g.
     max_ngram_size=3, exit_layer=2, adapter=DIR) go to the drafter, which loads and places them.
-    tree_size: verify a tree of up to this many draft tokens per step instead of a chain (Medusa and EAGLE drafters
-    build trees; others keep proposing chains); None or 0: chains; "auto": a node budget from this device's prior
-    verify cost, or on a CPU with the few-row kernel the size measured best there (10; `resolve_tree_size`), keeping
-    there only nodes of cumulative draft probability above 0.02 (`min_node_probability`; each verified node costs
-    ~0.03 decodes there; 0 elsewhere and for a given N: the N most probable nodes). Needs a
-    model whose attention takes a custom 4D mask (checked here) and cannot be combined with early exit. The
+    tree_size: verify a tree of up to this many draft tokens per step instead of a chain. "auto" (default): a tree
+    where trees were measured to pay and can be verified, chains elsewhere (`tree_forward.choose_tree_size`; why is in
+    `chain_reason`): on a CPU with the few-row kernel trees of 10 nodes, each of cumulative draft probability above
+    0.02 (`min_node_probability`; each verified node costs ~0.03 decodes there), on an accelerator the node budget of
+    its prior verify cost (47 on an H200: the N most probable nodes); chains on a CPU without the kernel, for drafters
+    that do not build trees (n-gram, early exit, a user's drafter without `max_tree_nodes`) and for models whose
+    attention ignores a custom 4D mask. An int N: trees of N nodes for the Medusa and EAGLE drafters (others keep
+    proposing chains), refused at wrap time (with what to do) for early exit and models without a custom-mask path;
+    None or 0: chains. Batches of prompts decode chains ("auto"; an explicit N is refused there). The
     draft-length policy's k then caps the tree's depth: the stats and the verify-cost curve see a tree step as N
     drafted tokens (the nodes verified), the "auto" policy as a draft as deep as the tree, each with the accepted
     path's length accepted, so "auto" learns per-depth acceptance and the curve the real cost of verifying N; "auto"
@@ -94,7 +97,7 @@ class SelfSpecModel:
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, model, drafter: str | Drafter | None = None, heads=None, tokenizer=None,
-                 tree_size: int | str | None = None, few_row_kernel: str | bool = "auto", **drafter_options):
+                 tree_size: int | str | None = "auto", few_row_kernel: str | bool = "auto", **drafter_options):
         self.model = model
         self.target = TargetModel(model)
         self.tokenizer = tokenizer
@@ -109,11 +112,12 @@ class SelfSpecModel:
         self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
-        self.tree_size = resolve_tree_size(tree_size, self.target.device, self.few_row_kernel)  # 0: chains
+        # nodes per step (0: chains); why "auto" chose chains (None when it did not, or for an explicit size)
+        self.tree_size, self.chain_reason = choose_tree_size(tree_size, self.drafter, self.target, self.few_row_kernel)
+        self.tree_size_requested = tree_size  # batches decode chains; only an explicit size is refused there
         # a node of a tree must be at least this probable under the drafter (`DraftContext.min_node_probability`)
-        self.min_node_probability = resolve_min_node_probability(tree_size, self.target.device, self.few_row_kernel)
-        if self.tree_size:
-            check_tree_drafting(self.drafter, self.target)
+        self.min_node_probability = (resolve_min_node_probability(tree_size, self.target.device, self.few_row_kernel)
+                                     if self.tree_size else 0.0)
 
     @property
     def heads(self):
@@ -122,7 +126,7 @@ class SelfSpecModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
-                        tree_size=None, few_row_kernel="auto", **model_kwargs):
+                        tree_size="auto", few_row_kernel="auto", **model_kwargs):
         """Load the base (a directory, a hub id, a .gguf file, or "smollm2") and its tokenizer; dtype, device_map, ...
         pass through to AutoModelForCausalLM. Without a dtype, a half-precision checkpoint on a CPU runs in float32
         (selfspec/loading.py); an explicit dtype always wins."""
@@ -148,8 +152,10 @@ class SelfSpecModel:
         """The cost curve batches of several prompts plan their draft width with: the padded forward's tokens - 1 ->
         its cost in one-row decodes (`verify_cost.learned_batch_verify_cost`); kept in the cache directory apart
         from `verify_cost()`, started from it when nothing was kept, refined by every batch and kept after each."""
-        if self._batch_verify_cost is None:
-            self._batch_verify_cost = learned_batch_verify_cost(self.target, self.verify_cost().snapshot(),
+        if self._batch_verify_cost is None:  # batches verify chains: started from the chain curve, also in a tree wrapper
+            chains = self.verify_cost() if not self.tree_size else learned_verify_cost(
+                self.target, few_row_kernel=self.few_row_kernel)
+            self._batch_verify_cost = learned_batch_verify_cost(self.target, chains.snapshot(),
                                                                 few_row_kernel=self.few_row_kernel)
         return self._batch_verify_cost
 

@@ -116,10 +116,12 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
             ))
 
 
-# "auto" tree size: the most nodes whose verify forward costs at most this many one-token decodes on the prior curve
-# (6 on a CPU, 47 on an accelerator). A choice, not yet a measurement: a step that verifies N nodes must then accept
-# about one more token than a plain step to pay. The prior, not the learned curve, so that a seeded sample does not
-# change when a later process has learned another curve.
+# "auto" tree size on an accelerator: the most nodes whose verify forward costs at most this many one-token decodes on
+# the prior curve (47 on an H200, where trees were measured: round 9, SmolLM2's EAGLE tree of 47 2.16x of generate,
+# its chain 1.22x). A choice, not yet a measurement: a step that verifies N nodes must then accept about one more
+# token than a plain step to pay. The prior, not the learned curve, so that a seeded sample does not change when a
+# later process has learned another curve. On a CPU without the few-row kernel (verification through F.linear: 1.5-2.4
+# decodes for 1-16 drafts, round 21) "auto" drafts chains: trees were not measured to pay there.
 AUTO_TREE_VERIFY_COST = 2.0
 MAX_TREE_SIZE = 64
 # "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/few_row_linear.py), measured: round
@@ -143,18 +145,44 @@ AUTO_MIN_NODE_PROBABILITY_FEW_ROW_KERNEL = 0.02
 
 
 def resolve_tree_size(tree_size, device, few_row_kernel: bool = False) -> int:
-    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> the node budget this device's prior curve affords, or
-    on a CPU with the few-row kernel the size measured best there."""
+    """None or 0 -> 0 (chains); an int N >= 1 -> N; "auto" -> on a CPU with the few-row kernel the size measured best
+    there, on an accelerator the node budget its prior curve affords, on a CPU without the kernel 0 (chains)."""
     if tree_size is None:
         return 0
     if tree_size == "auto":
         if _kernel_cpu(device, few_row_kernel):
             return AUTO_TREE_SIZE_FEW_ROW_KERNEL
+        if torch.device(device).type == "cpu":
+            return 0
         cost = prior_verify_cost(torch.device(device))
         return max(n for n in range(1, MAX_TREE_SIZE + 1) if n == 1 or cost(n) <= AUTO_TREE_VERIFY_COST)
     if isinstance(tree_size, bool) or not isinstance(tree_size, int) or tree_size < 0:
         raise ValueError(f'tree_size must be None, an integer >= 0 (0 = chains) or "auto", got {tree_size!r}')
     return tree_size
+
+
+def choose_tree_size(tree_size, drafter, target: TargetModel, few_row_kernel: bool = False) -> tuple[int, str | None]:
+    """A wrapper's node budget per step (0: chains) and, when "auto" chose chains, why.
+
+    An int N is checked (`check_tree_drafting` refuses, saying what to do, where trees cannot be verified). "auto" is
+    a tree only where one can pay and be verified: a device where trees were measured to pay (`resolve_tree_size`), a
+    drafter that builds trees (it has `max_tree_nodes`: Medusa, EAGLE), a model whose attention honours a custom 4D
+    mask (`check_tree_support`); chains elsewhere (n-gram, early exit, speculation off, a user's drafter that does not
+    declare `max_tree_nodes`, a flash-attention model, a CPU without the few-row kernel)."""
+    size = resolve_tree_size(tree_size, target.device, few_row_kernel)
+    if tree_size != "auto":
+        if size:
+            check_tree_drafting(drafter, target)
+        return size, None
+    if not size:
+        return 0, "trees were not measured to pay on a CPU without selfspec's few-row kernel"
+    if not hasattr(drafter, "max_tree_nodes"):
+        return 0, f"{type(drafter).__name__} proposes chains (a tree drafter has max_tree_nodes)"
+    try:
+        check_tree_support(target)
+    except NotImplementedError as err:
+        return 0, str(err)
+    return size, None
 
 
 def resolve_min_node_probability(tree_size, device, few_row_kernel: bool = False) -> float:

@@ -148,7 +148,9 @@ def run(settings: BatchBenchSettings) -> dict:
     torch.set_num_threads(settings.threads)
     model = load_model(settings.model, dtype=getattr(torch, settings.dtype), device=torch.device(settings.device))
     tokenizer = load_tokenizer(settings.model)
-    spec = SelfSpecModel(model, heads=settings.heads, tokenizer=tokenizer)
+    # chains one by one too: a batch drafts chains, so batch 1 compares the batch machinery with one sequence's (a
+    # single prompt's default, "auto", drafts trees where they pay: the main table measures those)
+    spec = SelfSpecModel(model, heads=settings.heads, tokenizer=tokenizer, tree_size=None)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.generation_config.eos_token_id
     pad = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     sizes = batch_sizes(settings)

@@ -96,8 +96,9 @@ def _off(methods: list[Method]) -> Method:
 
 
 def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> tuple[list[Method], dict]:
-    """(the main table's methods, {drafter: SelfSpecModel} for the sweep). selfspec drafters run at their defaults,
-    plus a fixed num_draft_tokens row each with --fixed-k."""
+    """(the main table's methods, {drafter: SelfSpecModel drafting chains} for the sweep). selfspec drafters run at
+    their defaults (trees where tree_size="auto" drafts them), plus a fixed num_draft_tokens row each with --fixed-k,
+    and with --chains, --kernel-off and --tree-size rows beside their defaults."""
     model, eos, pad, n = loaded.model, loaded.eos_token_id, loaded.pad_token_id, settings.max_new_tokens
     layer, lookup = loaded.exit_layer, settings.prompt_lookup_tokens
     methods = [
@@ -127,25 +128,31 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         except (ValueError, TypeError, NotImplementedError) as err:
             notes.append(f"eagle skipped: this engine does not take drafter='eagle' yet ({err})")
     methods.append(selfspec_method(OFF, lambda: specs["none"], n, eos, "none"))
+    chains = {d: SelfSpecModel(model, drafter=d, heads=extras[d], tree_size=None) for d in extras
+              if specs[d].tree_size}  # the sweep's, and --chains' rows
     trees = tree_specs(settings, model, extras, notes)
     for drafter, spec in specs.items():
         if drafter == "none":
             continue
         where = f" L={layer}" if drafter == "early_exit" else ""
-        variants = [(spec, "")]  # the chain row, then the kernel-off and tree rows beside it
+        # the default row (a tree where "auto" drafts one), then the chain, kernel-off and tree rows beside it
+        variants = [(spec, f" tree={spec.tree_size}" if spec.tree_size else "")]
+        if settings.chains and drafter in chains:
+            variants.append((chains[drafter], " chain"))
         if settings.kernel_off and drafter in extras:
             variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], few_row_kernel="off"),
                              " kernel off"))
         if drafter in trees:
             variants.append((trees[drafter], f" tree={trees[drafter].tree_size}"))
         for variant, shape in variants:
-            methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} (default)", lambda s=variant: s, n, eos,
-                                           drafter, extra=extras.get(drafter)))
+            methods.append(selfspec_method(f"selfspec {drafter}{where}{shape}" + (" (default)" if variant is spec
+                                                                                   else ""),
+                                           lambda s=variant: s, n, eos, drafter, extra=extras.get(drafter)))
             if settings.fixed_k:
                 methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} k={settings.fixed_k}",
                                                lambda s=variant: s, n, eos, drafter, settings.fixed_k,
                                                extra=extras.get(drafter)))
-    return skipped(methods, settings.skip, notes), specs
+    return skipped(methods, settings.skip, notes), {**specs, **chains}
 
 
 def skipped(methods: list[Method], skip: str | None, notes: list[str]) -> list[Method]:
@@ -159,8 +166,7 @@ def skipped(methods: list[Method], skip: str | None, notes: list[str]) -> list[M
 
 
 def tree_specs(settings: BenchSettings, model, extras: dict, notes: list[str]) -> dict:
-    """{drafter: SelfSpecModel drafting trees} for the head drafters loaded, with --tree-size (none without it). The
-    sweep keeps to chains: for trees its k would only cap the depth."""
+    """{drafter: SelfSpecModel drafting trees of --tree-size} for the head drafters loaded (none without the flag)."""
     size = tree_size(settings)
     if size is None:
         return {}

@@ -25,6 +25,7 @@ class BenchSettings:
     untrained_exit_layer: int | None = None
     fixed_k: int = 0
     tree_size: str | None = None
+    chains: bool = False
     kernel_off: bool = False
     prompt_lookup_tokens: int = 3
     skip: str | None = None
@@ -61,10 +62,12 @@ HELP = {
                             "--exit-layer when the model had no early-exit training, else half of that trained layer",
     "fixed_k": "also run every selfspec drafter at this fixed num_draft_tokens (0: only the drafters' defaults)",
     "tree_size": "also run the medusa and eagle drafters with tree drafts of this many nodes per step (an integer, or "
-                 "'auto': chosen from the device's verify cost, 6 on a CPU), beside their chain rows; default: chains "
-                 "only (trees are new and not yet measured here)",
-    "kernel_off": "also run the medusa and eagle chains with few_row_kernel='off' (their verify forwards through "
-                  "F.linear), beside their default rows: the share of the speedup that is selfspec's few-row kernel",
+                 "'auto', their default), beside their default rows",
+    "chains": "also run the medusa and eagle drafters as chains (tree_size=None) beside their default rows, where "
+              "the default drafts trees (tree_size='auto': a CPU with the few-row kernel, an accelerator)",
+    "kernel_off": "also run the medusa and eagle drafters with few_row_kernel='off' (their verify forwards through "
+                  "F.linear; 'auto' drafts chains there), beside their default rows: the share of the speedup that is "
+                  "selfspec's few-row kernel",
     "prompt_lookup_tokens": "transformers' prompt_lookup_num_tokens; 3 was its best on this project's CPU "
                             "(SmolLM2: 3 tokens 1.05x, 10 tokens 0.99x)",
     "skip": "comma-separated parts of main-table method names to leave out, e.g. 'transformers early exit' (0.19x "

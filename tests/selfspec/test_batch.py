@@ -289,8 +289,25 @@ def test_tree_drafts_are_refused_for_batches():
     model = tiny_model("llama")
     prompts = [random_prompt(5)[0], random_prompt(7)[0]]
     heads = MedusaHeads.for_model(model, num_heads=2)
-    with pytest.raises(NotImplementedError, match="tree"):
+    with pytest.raises(NotImplementedError, match="tree_size=4.*\"auto\""):
         SelfSpecModel(model, heads=heads, tree_size=4).generate(prompts, max_new_tokens=4)
+
+
+def test_a_wrapper_drafting_auto_trees_decodes_batches_as_chains(monkeypatch):
+    """The default, tree_size="auto", drafts trees for one prompt where they pay; a batch from the same wrapper
+    drafts chains (not refused), each row generate's tokens. Catches (planted): the refusal kept for "auto"."""
+    from tests.selfspec.test_tree_engine import kernel_cpu
+
+    kernel_cpu(monkeypatch)  # "auto" as on a CPU with the few-row kernel, on a float64 model
+    model = sharp(tiny_model("llama"))
+    prompts = [random_prompt(5, seed=1)[0], random_prompt(7, seed=2)[0]]
+    spec = SelfSpecModel(model, heads=trained_head(model))
+    assert spec.tree_size == 10
+    out = spec.generate(prompts, max_new_tokens=16, num_draft_tokens=2, eos_token_id=[])
+    for prompt, sequence in zip(prompts, out.sequences):
+        plain = model.generate(prompt[None], max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert torch.equal(sequence, plain[0])
+    assert_exercised(out.row_stats, rejected=False)
 
 
 def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():

@@ -262,26 +262,49 @@ def test_a_bad_tree_size_exits_with_argparse_status():
     assert exit_info.value.code == 2
 
 
-def test_tree_rows_sit_beside_the_chain_rows():
+def _loaded_with_heads(dtype=torch.float64):
     from heads import MedusaHeads
     from heads.eagle import EagleHead
     from selfspec.bench.models import Loaded
+
+    model = tiny_text_model(seed=0, dtype=dtype)
+    return Loaded(model, None, MedusaHeads.for_model(model, num_heads=2), None, EagleHead.for_model(model).eval(),
+                  None, 1, 1, None, None)
+
+
+def test_tree_rows_sit_beside_the_default_rows():
+    """Without the few-row kernel (float64) "auto" drafts chains: the default rows are chains, --tree-size adds tree
+    rows beside them and --chains adds nothing (no default is a tree)."""
     from selfspec.bench.run import main_methods
 
-    model = tiny_text_model(seed=0)
-    loaded = Loaded(model, None, MedusaHeads.for_model(model, num_heads=2), None, EagleHead.for_model(model).eval(),
-                    None, 1, 1, None, None)
-    methods, specs = main_methods(parse_args(["--tree-size", "auto", "--fixed-k", "2"]), loaded, [])
+    methods, specs = main_methods(parse_args(["--tree-size", "6", "--chains", "--fixed-k", "2"]), _loaded_with_heads(),
+                                  [])
     names = [m.name for m in methods]
     medusa = names.index("selfspec medusa (default)")
     assert names[medusa: medusa + 4] == [
-        "selfspec medusa (default)", "selfspec medusa k=2", "selfspec medusa tree=6 (default)",
-        "selfspec medusa tree=6 k=2",
+        "selfspec medusa (default)", "selfspec medusa k=2", "selfspec medusa tree=6", "selfspec medusa tree=6 k=2",
     ]
     assert next(m for m in methods if m.name == "selfspec medusa tree=6 k=2").spec.tree_size == 6
-    assert "medusa tree=6" not in " ".join(specs)  # the sweep stays with chains
-    if "eagle" in specs:  # an EAGLE chain row, then its tree row
-        assert names.index("selfspec eagle tree=6 (default)") == names.index("selfspec eagle k=2") + 1
+    assert not any(" chain" in name for name in names)
+    assert all(spec.tree_size == 0 for spec in specs.values())  # the sweep stays with chains
+    assert names.index("selfspec eagle tree=6") == names.index("selfspec eagle k=2") + 1
+
+
+@pytest.mark.usefixtures("needs_kernel")
+def test_where_the_default_is_a_tree_chains_adds_chain_rows_and_the_sweep_keeps_chains():
+    """With the few-row kernel (float32 on this CPU) the head drafters' default rows are trees of 10; --chains puts a
+    chain row beside each; the sweep gets chain wrappers; --kernel-off's row is the default with the kernel off,
+    which "auto" verifies as chains."""
+    from selfspec.bench.run import main_methods
+
+    methods, specs = main_methods(parse_args(["--chains", "--kernel-off"]), _loaded_with_heads(torch.float32), [])
+    by_name = {m.name: m for m in methods}
+    for drafter in ("medusa", "eagle"):
+        assert by_name[f"selfspec {drafter} tree=10 (default)"].spec.tree_size == 10
+        assert by_name[f"selfspec {drafter} chain"].spec.tree_size == 0
+        assert by_name[f"selfspec {drafter} kernel off"].spec.tree_size == 0
+        assert specs[drafter].tree_size == 0
+    assert by_name["selfspec ngram (default)"].spec.tree_size == 0
 
 
 def test_skip_leaves_out_named_rows_but_never_the_baselines():

@@ -157,6 +157,13 @@ def test_sampling_flags_map_onto_do_sample(flags, expected, model_dir):
     assert cli._sampling(args) == expected
 
 
+@pytest.mark.parametrize("flags, expected", [([], "auto"), (["--tree-size", "none"], None),
+                                            (["--tree-size", "0"], 0), (["--tree-size", "12"], 12)])
+def test_tree_size_defaults_to_auto_as_the_library_does(flags, expected, model_dir):
+    args = cli.build_parser().parse_args(["generate", "--model", model_dir, "--prompt", "x", *flags])
+    assert args.tree_size == expected
+
+
 def test_errors_found_after_parsing_are_one_line_too(tmp_path, model_dir, capsys):
     no_template = save_model_dir(tmp_path / "plain", chat_template=False)
     code, out, err = run_main(capsys, "generate", "--model", no_template, "--prompt", "hi", "--chat", "--threads", "1")

@@ -349,8 +349,8 @@ def test_auto_learns_the_nodes_each_tree_depth_verified(monkeypatch):
 
 
 def test_chain_drafters_keep_proposing_chains_with_tree_size():
-    """tree_size reaches every drafter (DraftContext.tree_size); n-gram ignores it and its chains are verified as
-    before; "auto" resolves to this device's node budget."""
+    """An explicit tree_size reaches every drafter (DraftContext.tree_size); n-gram ignores it and its chains are
+    verified as before. "auto" (the default) gives trees only to drafters that build them (`max_tree_nodes`)."""
     model = sharp(tiny_model())
     seen = []
 
@@ -362,33 +362,96 @@ def test_chain_drafters_keep_proposing_chains_with_tree_size():
         def observe(self, num_drafted, num_accepted):
             pass
 
-    spec = SelfSpecModel(model, drafter=Recording(), tree_size="auto")
-    assert spec.tree_size == resolve_tree_size("auto", "cpu") == 6
+    spec = SelfSpecModel(model, drafter=Recording(), tree_size=6)
+    assert spec.tree_size == 6 and spec.chain_reason is None
     prompt = random_prompt(8)
     plain = model.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     assert torch.equal(spec.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
     assert seen and set(seen) == {6}
     ngram = SelfSpecModel(model, drafter="ngram", tree_size=4)
     assert torch.equal(ngram.generate(prompt, max_new_tokens=20, num_draft_tokens=2, eos_token_id=[]).sequences, plain)
-    assert SelfSpecModel(model, drafter="ngram").tree_size == 0
     assert SelfSpecModel(model, drafter="ngram", tree_size=0).tree_size == 0
+    assert SelfSpecModel(model, drafter="ngram", tree_size=None).tree_size == 0
+
+
+def kernel_cpu(monkeypatch):
+    """Make "auto" see a CPU whose products run through the few-row kernel (where its trees were measured) for a
+    float64 model, whose argmax numerical noise cannot flip."""
+    import selfspec.tree_forward
+
+    monkeypatch.setattr(selfspec.tree_forward, "_kernel_cpu", lambda device, few_row_kernel: True)
+
+
+def test_auto_drafts_chains_where_trees_were_not_measured_or_cannot_be_built(monkeypatch):
+    """The default, "auto", drafts chains on a CPU without the kernel, for drafters that build no trees (n-gram, early
+    exit, speculation off, a user's drafter without max_tree_nodes) and for a model whose attention ignores a custom
+    mask, each with its reason in chain_reason; an explicit size is refused where "auto" falls back."""
+    model = sharp(tiny_model())
+    head = trained_head(model)
+    assert SelfSpecModel(model, heads=head).tree_size == 0  # float64: no few-row kernel
+    assert "few-row kernel" in SelfSpecModel(model, heads=head).chain_reason
+    kernel_cpu(monkeypatch)
+    assert SelfSpecModel(model, heads=head).tree_size == 10 and SelfSpecModel(model, heads=head).chain_reason is None
+
+    class UserDrafter:
+        def propose(self, context):
+            return Draft.empty(context.token_ids.device)
+
+        def observe(self, num_drafted, num_accepted):
+            pass
+
+    for drafter, options in (("ngram", {}), ("none", {}), ("early_exit", {"exit_layer": 1}), (UserDrafter(), {})):
+        spec = SelfSpecModel(model, drafter=drafter, **options)
+        assert spec.tree_size == 0 and "max_tree_nodes" in spec.chain_reason, drafter
+    with pytest.raises(ValueError, match="early_exit"):
+        SelfSpecModel(model, drafter="early_exit", exit_layer=1, tree_size=4)
+    AttentionInterface.register("causal_only_for_test", causal_only_attention)
+    blind = sharp(tiny_model(seed=1))
+    blind.set_attn_implementation("causal_only_for_test")
+    spec = SelfSpecModel(blind, heads=trained_head(blind))
+    assert spec.tree_size == 0 and "custom 4D attention mask" in spec.chain_reason
+    with pytest.raises(NotImplementedError, match="custom 4D attention mask"):
+        SelfSpecModel(blind, heads=trained_head(blind), tree_size=4)
+
+
+def test_the_default_drafts_auto_trees_where_they_pay_and_stays_exact(monkeypatch):
+    """Where "auto" drafts trees (a CPU with the kernel, simulated on a float64 model), a wrapper built with no
+    tree_size verifies trees of 10 nodes above the 0.02 floor, and its greedy output is generate's token for token.
+    Catches (planted, by hand): the default left at None (chains: the spy sees no tree)."""
+    kernel_cpu(monkeypatch)
+    model = sharp(tiny_model())
+    spec = SelfSpecModel(model, heads=trained_head(model))
+    assert (spec.tree_size, spec.min_node_probability) == (10, 0.02)
+    spy = TreeSpy(monkeypatch)
+    stats = []
+    for seed in range(3):
+        prompt = random_prompt(8, seed=seed)
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, eos_token_id=[])
+        assert torch.equal(out.sequences, plain), seed
+        stats.append(out.stats)
+    assert_exercised(stats, what="default eagle trees")
+    spy.assert_exercised("default eagle trees")
 
 
 def test_auto_tree_size_with_the_few_row_kernel_is_the_measured_one():
-    """On a CPU whose products run through the few-row kernel, "auto" is the size measured best there (10), not the
-    prior curve's (6); on an accelerator the prior's; a wrapper without the kernel gets the prior's."""
+    """On a CPU whose products run through the few-row kernel, "auto" is the size measured best there (10); on an
+    accelerator the prior curve's budget; on a CPU without the kernel chains (0)."""
     assert resolve_tree_size("auto", "cpu", few_row_kernel=True) == 10
-    assert resolve_tree_size("auto", "cpu", few_row_kernel=False) == 6
+    assert resolve_tree_size("auto", "cpu", few_row_kernel=False) == 0
     assert resolve_tree_size("auto", "cuda", few_row_kernel=True) == resolve_tree_size("auto", "cuda") == 47
     assert resolve_tree_size(5, "cpu", few_row_kernel=True) == 5
-    off = SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", tree_size="auto", few_row_kernel="off")
-    assert off.tree_size == 6
+    model = tiny_model(dtype=torch.float32)
+    off = SelfSpecModel(model, heads=trained_head(model), few_row_kernel="off")
+    assert off.tree_size == 0 and "few-row kernel" in off.chain_reason
 
 
 @pytest.mark.usefixtures("needs_kernel")
 def test_a_wrapper_with_the_few_row_kernel_passes_it_to_auto_tree_size():
-    spec = SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram", tree_size="auto")
-    assert spec.few_row_kernel and spec.tree_size == 10
+    model = tiny_model(dtype=torch.float32)
+    spec = SelfSpecModel(model, heads=trained_head(model))
+    assert spec.few_row_kernel and spec.tree_size == 10 and spec.min_node_probability == 0.02
+    assert SelfSpecModel(model, drafter="ngram").tree_size == 0
 
 
 def test_auto_trees_with_the_few_row_kernel_keep_only_nodes_above_the_measured_floor():
@@ -412,6 +475,9 @@ def test_the_node_floor_reaches_the_drafter():
 
         def observe(self, num_drafted, num_accepted):
             pass
+
+        def max_tree_nodes(self, depth, tree_size):  # a tree drafter: "auto" gives it trees
+            return min(tree_size, 2 * depth)
 
     model = tiny_model(dtype=torch.float32)
     for tree_size, expected in (("auto", (10, 0.02)), (8, (8, 0.0))):
