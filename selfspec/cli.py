@@ -288,7 +288,8 @@ def _generate(args) -> int:
     if out.isatty() and not completion.endswith("\n"):  # a terminal prompt should not start mid-line; pipes get it exact
         out.write("\n")
     out.flush()
-    print(stats.summary(), file=sys.stderr, flush=True)
+    shape = f"trees of up to {engine.tree_size} drafts" if engine.tree_size else "chains of drafts"
+    print(f"{stats.summary()}, {shape}", file=sys.stderr, flush=True)
     return 0
 
 

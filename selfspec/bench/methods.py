@@ -200,6 +200,19 @@ def random_heads(model, like=None, seed: int = 0):
     return heads.eval()
 
 
+def random_eagle_head(model, seed: int = 0):
+    """An untrained EAGLE head for `model` (full vocabulary) with large random weights, so its drafts are almost
+    never right: the useless case of the drafter whose default drafts are trees."""
+    from heads.eagle import EagleHead
+
+    head = EagleHead.for_model(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 4 / p.shape[-1] ** 0.5)
+    return head.eval()
+
+
 class Timer:
     """Wall clock around a call, with the device synchronised at both ends."""
 

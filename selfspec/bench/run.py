@@ -145,9 +145,9 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         if drafter in trees:
             variants.append((trees[drafter], f" tree={trees[drafter].tree_size}"))
         for variant, shape in variants:
-            methods.append(selfspec_method(f"selfspec {drafter}{where}{shape}" + (" (default)" if variant is spec
-                                                                                   else ""),
-                                           lambda s=variant: s, n, eos, drafter, extra=extras.get(drafter)))
+            default = " (default)" if variant is spec else ""
+            methods.append(selfspec_method(f"selfspec {drafter}{where}{shape}{default}", lambda s=variant: s, n, eos,
+                                           drafter, extra=extras.get(drafter)))
             if settings.fixed_k:
                 methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} k={settings.fixed_k}",
                                                lambda s=variant: s, n, eos, drafter, settings.fixed_k,

@@ -1,7 +1,8 @@
 """The useless-drafts check (issue 12.4): cases where drafts cannot help, every drafter at its DEFAULT settings,
 each run beside plain `generate` and selfspec with speculation off. Target: no row below 0.95x of either.
 
-Cases: random drafts (a user's drafter through the public interface); random, untrained Medusa heads; the given
+Cases: random drafts (a user's drafter through the public interface); random, untrained Medusa heads; a random,
+untrained EAGLE head (trees by default where trees pay, round 22); the given
 heads sampled at temperature 1.0 (weak heads where their drafts fit worst); early exit at a layer the model was not
 trained to exit at; and a fresh SelfSpecModel for every call, as the command line builds one (wrapping and any
 first-use measurement are then paid by every generation). Knows which cases exist, not how they are timed.
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from selfspec.bench.methods import GREEDY, SAMPLE, SAMPLE_T1, Method, Mode, RandomDrafter, random_heads, selfspec_method
+from selfspec.bench.methods import (
+    GREEDY, SAMPLE, SAMPLE_T1, Method, Mode, RandomDrafter, random_eagle_head, random_heads, selfspec_method,
+)
 from selfspec.bench.models import Loaded
 from selfspec.engine import SelfSpecModel
 
@@ -35,6 +38,10 @@ def useless_cases(loaded: Loaded, max_new_tokens: int, seed: int, notes: list[st
     cases.append(Case("random (untrained) Medusa heads", both, selfspec_method(
         "selfspec medusa, random heads (default)", lambda: SelfSpecModel(model, "medusa", heads=noise), n, eos,
         "medusa", extra=noise)))
+    eagle_noise = random_eagle_head(model, seed=seed + 3)
+    cases.append(Case("random (untrained) EAGLE head", both, selfspec_method(
+        "selfspec eagle, random head (default)", lambda: SelfSpecModel(model, heads=eagle_noise), n, eos, "eagle",
+        extra=eagle_noise)))
     if loaded.heads is not None:
         cases.append(Case("weak heads at T=1", (SAMPLE_T1,), selfspec_method(
             "selfspec medusa (default)", lambda: SelfSpecModel(model, "medusa", heads=loaded.heads), n, eos,

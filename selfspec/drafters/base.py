@@ -89,7 +89,8 @@ class Drafter(Protocol):
     modules it adds to the model, for the stats' memory figure), `draft_cost` (what drafting one token costs, in
     one-token decodes of the target: where the "auto" draft length starts before timings teach it; default 0) and,
     for tree drafters, `max_tree_nodes(depth, tree_size)` (the most nodes a tree that deep holds: how "auto" prices
-    a tree step; default: depth); for batches, `propose_rows(contexts) -> [Draft]` (one draft per row, in one call:
+    a tree step; default: depth) and `auto_trees` (True: `tree_size="auto"`, the default, drafts trees with it where
+    trees pay; default False: chains unless a size is given); for batches, `propose_rows(contexts) -> [Draft]` (one draft per row, in one call:
     Medusa runs its heads once for all rows; default: `propose` per row); `projected_vocab` (a draft vocabulary, [N]
     token ids, whose rows of the target's LM head its drafts are projected onto with `target.logits(hidden,
     vocab_ids=projected_vocab)`: the engine builds those rows once, routes their products through the few-row kernel

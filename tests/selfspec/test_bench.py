@@ -207,8 +207,8 @@ def test_bench_runs_end_to_end_and_writes_json_and_markdown(tiny, tmp_path):
         ("medusa", 2)}
     useless = saved["useless_drafts"]
     assert {r["case"] for r in useless} == {
-        "random drafts", "random (untrained) Medusa heads", "weak heads at T=1", "early exit at untrained layer 1",
-        "fresh SelfSpecModel per call"}
+        "random drafts", "random (untrained) Medusa heads", "random (untrained) EAGLE head", "weak heads at T=1",
+        "early exit at untrained layer 1", "fresh SelfSpecModel per call"}
     for r in useless:
         assert r["speedup"] > 0 and r["vs_speculation_off"] > 0
         assert r["mode"] == ("sample t=1.0" if r["case"] == "weak heads at T=1" else r["mode"])
@@ -292,18 +292,18 @@ def test_tree_rows_sit_beside_the_default_rows():
 
 @pytest.mark.usefixtures("needs_kernel")
 def test_where_the_default_is_a_tree_chains_adds_chain_rows_and_the_sweep_keeps_chains():
-    """With the few-row kernel (float32 on this CPU) the head drafters' default rows are trees of 10; --chains puts a
-    chain row beside each; the sweep gets chain wrappers; --kernel-off's row is the default with the kernel off,
-    which "auto" verifies as chains."""
+    """With the few-row kernel (float32 on this CPU) EAGLE's default row is a tree of 10; --chains puts a chain row
+    beside it; the sweep gets chain wrappers; --kernel-off's row is the default with the kernel off, which "auto"
+    verifies as chains. Medusa's default is a chain (no chain row beside it)."""
     from selfspec.bench.run import main_methods
 
     methods, specs = main_methods(parse_args(["--chains", "--kernel-off"]), _loaded_with_heads(torch.float32), [])
     by_name = {m.name: m for m in methods}
-    for drafter in ("medusa", "eagle"):
-        assert by_name[f"selfspec {drafter} tree=10 (default)"].spec.tree_size == 10
-        assert by_name[f"selfspec {drafter} chain"].spec.tree_size == 0
-        assert by_name[f"selfspec {drafter} kernel off"].spec.tree_size == 0
-        assert specs[drafter].tree_size == 0
+    assert by_name["selfspec eagle tree=10 (default)"].spec.tree_size == 10
+    assert by_name["selfspec eagle chain"].spec.tree_size == 0
+    assert by_name["selfspec eagle kernel off"].spec.tree_size == 0
+    assert by_name["selfspec medusa (default)"].spec.tree_size == 0 and "selfspec medusa chain" not in by_name
+    assert all(spec.tree_size == 0 for spec in specs.values())
     assert by_name["selfspec ngram (default)"].spec.tree_size == 0
 
 

@@ -54,7 +54,7 @@ def test_generate_streams_the_completion_and_summarises_on_stderr(model_dir, ref
     assert done.stdout == reference.generate(PROMPT, max_new_tokens=30).text
     summary = done.stderr.strip().splitlines()
     assert len(summary) == 1
-    assert all(w in summary[0] for w in ("tok/s", "tokens per target forward", "acceptance"))
+    assert all(w in summary[0] for w in ("tok/s", "tokens per target forward", "acceptance", "chains of drafts"))
 
 
 def test_mistakes_give_one_line_and_status_2(tmp_path, model_dir):

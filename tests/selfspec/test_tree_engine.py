@@ -10,6 +10,7 @@ import torch
 from transformers import AttentionInterface
 
 import selfspec.verify_step
+from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.drafters.base import Draft, DraftContext
@@ -350,7 +351,7 @@ def test_auto_learns_the_nodes_each_tree_depth_verified(monkeypatch):
 
 def test_chain_drafters_keep_proposing_chains_with_tree_size():
     """An explicit tree_size reaches every drafter (DraftContext.tree_size); n-gram ignores it and its chains are
-    verified as before. "auto" (the default) gives trees only to drafters that build them (`max_tree_nodes`)."""
+    verified as before. "auto" (the default) gives trees only to drafters that set `auto_trees` (EAGLE)."""
     model = sharp(tiny_model())
     seen = []
 
@@ -383,9 +384,10 @@ def kernel_cpu(monkeypatch):
 
 
 def test_auto_drafts_chains_where_trees_were_not_measured_or_cannot_be_built(monkeypatch):
-    """The default, "auto", drafts chains on a CPU without the kernel, for drafters that build no trees (n-gram, early
-    exit, speculation off, a user's drafter without max_tree_nodes) and for a model whose attention ignores a custom
-    mask, each with its reason in chain_reason; an explicit size is refused where "auto" falls back."""
+    """The default, "auto", drafts chains on a CPU without the kernel, for drafters whose trees were not measured to
+    pay (Medusa, n-gram, early exit, speculation off, a user's drafter without auto_trees) and for a model whose
+    attention ignores a custom mask, each with its reason in chain_reason; an explicit size gives Medusa trees and is
+    refused where "auto" falls back for the model."""
     model = sharp(tiny_model())
     head = trained_head(model)
     assert SelfSpecModel(model, heads=head).tree_size == 0  # float64: no few-row kernel
@@ -400,9 +402,12 @@ def test_auto_drafts_chains_where_trees_were_not_measured_or_cannot_be_built(mon
         def observe(self, num_drafted, num_accepted):
             pass
 
-    for drafter, options in (("ngram", {}), ("none", {}), ("early_exit", {"exit_layer": 1}), (UserDrafter(), {})):
+    medusa = MedusaHeads.for_model(model, num_heads=2)
+    for drafter, options in (("medusa", {"heads": medusa}), ("ngram", {}), ("none", {}),
+                             ("early_exit", {"exit_layer": 1}), (UserDrafter(), {})):
         spec = SelfSpecModel(model, drafter=drafter, **options)
-        assert spec.tree_size == 0 and "max_tree_nodes" in spec.chain_reason, drafter
+        assert spec.tree_size == 0 and "auto_trees" in spec.chain_reason, drafter
+    assert SelfSpecModel(model, drafter="medusa", heads=medusa, tree_size=6).tree_size == 6
     with pytest.raises(ValueError, match="early_exit"):
         SelfSpecModel(model, drafter="early_exit", exit_layer=1, tree_size=4)
     AttentionInterface.register("causal_only_for_test", causal_only_attention)
@@ -412,6 +417,27 @@ def test_auto_drafts_chains_where_trees_were_not_measured_or_cannot_be_built(mon
     assert spec.tree_size == 0 and "custom 4D attention mask" in spec.chain_reason
     with pytest.raises(NotImplementedError, match="custom 4D attention mask"):
         SelfSpecModel(blind, heads=trained_head(blind), tree_size=4)
+
+
+def test_auto_drafts_chains_where_the_tree_probe_fails_otherwise(monkeypatch):
+    """A family whose tree forward raises something the probe does not translate (here an IndexError): "auto" keeps
+    chains, saying why, rather than failing a wrapper that chains would run; an explicit size raises it."""
+    import selfspec.tree_forward
+
+    kernel_cpu(monkeypatch)
+
+    def broken(*args, **kwargs):
+        raise IndexError("no such layer")
+
+    monkeypatch.setattr(selfspec.tree_forward, "tree_forward", broken)
+    model = sharp(tiny_model(seed=2))
+    spec = SelfSpecModel(model, heads=trained_head(model))
+    assert spec.tree_size == 0 and "IndexError: no such layer" in spec.chain_reason
+    prompt = random_prompt(8)
+    plain = model.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(spec.generate(prompt, max_new_tokens=12, eos_token_id=[]).sequences, plain)
+    with pytest.raises(IndexError):
+        SelfSpecModel(model, heads=trained_head(model), tree_size=4)
 
 
 def test_the_default_drafts_auto_trees_where_they_pay_and_stays_exact(monkeypatch):
@@ -476,7 +502,9 @@ def test_the_node_floor_reaches_the_drafter():
         def observe(self, num_drafted, num_accepted):
             pass
 
-        def max_tree_nodes(self, depth, tree_size):  # a tree drafter: "auto" gives it trees
+        auto_trees = True  # "auto" gives it trees
+
+        def max_tree_nodes(self, depth, tree_size):
             return min(tree_size, 2 * depth)
 
     model = tiny_model(dtype=torch.float32)
