@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # selfspec on a GPU, in about 5 minutes (at most 7.5): (1) the cost of verifying k tokens against decoding one,
 # k = 1..64, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model
-# in bfloat16, chains and trees ("auto": 47 nodes on a GPU), then (3) in float32. Results (8 files) go to $OUT (default ./gpu-check):
+# in bfloat16, chains and trees of 47 nodes (the defaults, and --chains, --tree-size 47), then (3) in float32. Results (8 files) go to $OUT (default ./gpu-check):
 #   gpu_check.log  verify_cost.json  bench-bfloat16.{json,md,png}  bench-float32.{json,md,png}
 #
 #   bash examples/gpu_check.sh                  # from anywhere; OUT=/some/dir bash examples/gpu_check.sh
@@ -45,7 +45,7 @@ timeout 80 python3 examples/verify_cost.py --device cuda --dtype bfloat16 --json
 # after --time-limit seconds, so a timeout still leaves the phases that finished. (89 s on this project's CPU without --fixed-k.)
 for dtype in bfloat16 float32; do
     stamp "$([ $dtype = bfloat16 ] && echo 2/3 || echo 3/3) benchmark, reference model, $dtype"
-    timeout 180 python3 -m selfspec.bench --device cuda --dtype $dtype --tree-size auto --num-prompts 3 --repeats 2 \
+    timeout 180 python3 -m selfspec.bench --device cuda --dtype $dtype --chains --tree-size 47 --num-prompts 3 --repeats 2 \
         --max-new-tokens 64 --sweep-max 6 --sweep-prompts 1 --useless-prompts 1 --fixed-k 3 --skip "transformers early exit" \
         --time-limit 150 --out "$OUT/bench-$dtype" \
         || echo "gpu_check: benchmark ($dtype) failed or timed out (exit $?)"

@@ -46,8 +46,8 @@ print(torch.cuda.get_device_name())
 EOF
 
 # 2 held-out chat prompts x 2 rounds x 64 tokens, greedy and sampled; no early exit (SmolLM2 has no exit head) and no
-# n-gram (chat prompts). (1) bfloat16: every drafter at its default, at a fixed k = 3, and as a tree ("auto": 47
-# nodes on a GPU); (2) float32: defaults and trees; (3) bfloat16 with cuDNN attention off: defaults and k = 3. Each run
+# n-gram (chat prompts). (1) bfloat16: every drafter at its default (since round 22 EAGLE drafts trees of 47 nodes
+# there), at a fixed k = 3, as a chain and as a tree of 47 (--chains, --tree-size 47); (2) float32: the same; (3) bfloat16 with cuDNN attention off: defaults and k = 3. Each run
 # stops after --time-limit seconds and keeps the phases that finished.
 bench() {  # $1 dtype, $2 label, $3 python statement run first, then extra benchmark arguments
     local dtype=$1 label=$2 first=$3
@@ -59,8 +59,8 @@ runpy.run_module('selfspec.bench', run_name='__main__', alter_sys=True)" \
         --num-prompts 2 --repeats 2 --max-new-tokens 64 --sweep-max 0 --useless-prompts 0 --out "$OUT/smol-$label" "$@" \
         || echo "smollm2_check: benchmark ($label) failed or timed out (exit $?)"
 }
-bench bfloat16 bfloat16 pass --tree-size auto --fixed-k 3 --skip "early exit,early_exit,ngram" --time-limit 110
-bench float32 float32 pass --tree-size auto --skip "early exit,early_exit,ngram" --time-limit 90
+bench bfloat16 bfloat16 pass --chains --tree-size 47 --fixed-k 3 --skip "early exit,early_exit,ngram" --time-limit 110
+bench float32 float32 pass --chains --tree-size 47 --skip "early exit,early_exit,ngram" --time-limit 90
 bench bfloat16 bfloat16-nocudnn "torch.backends.cuda.enable_cudnn_sdp(False)" --fixed-k 3 \
     --skip "early exit,early_exit,ngram,prompt lookup" --time-limit 80
 stamp "done"

@@ -142,8 +142,9 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         if settings.kernel_off and drafter in extras:
             variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], few_row_kernel="off"),
                              " kernel off"))
-        if drafter in trees:
-            variants.append((trees[drafter], f" tree={trees[drafter].tree_size}"))
+        tree = trees.get(drafter)
+        if tree is not None and (tree.tree_size, tree.min_node_probability) != (spec.tree_size, spec.min_node_probability):
+            variants.append((tree, f" tree={tree.tree_size}"))  # (a tree row the default already is: not run twice)
         for variant, shape in variants:
             default = " (default)" if variant is spec else ""
             methods.append(selfspec_method(f"selfspec {drafter}{where}{shape}{default}", lambda s=variant: s, n, eos,
@@ -174,9 +175,14 @@ def tree_specs(settings: BenchSettings, model, extras: dict, notes: list[str]) -
     for drafter in ("medusa", "eagle"):
         if drafter in extras:
             try:
-                trees[drafter] = SelfSpecModel(model, drafter=drafter, heads=extras[drafter], tree_size=size)
+                spec = SelfSpecModel(model, drafter=drafter, heads=extras[drafter], tree_size=size)
             except (ValueError, NotImplementedError) as err:
                 notes.append(f"selfspec {drafter} trees skipped: {err}")
+                continue
+            if spec.tree_size:
+                trees[drafter] = spec
+            else:  # "auto" chose chains for this drafter
+                notes.append(f"selfspec {drafter} --tree-size {size}: no tree row ({spec.chain_reason})")
     return trees
 
 

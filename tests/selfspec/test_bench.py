@@ -305,6 +305,11 @@ def test_where_the_default_is_a_tree_chains_adds_chain_rows_and_the_sweep_keeps_
     assert by_name["selfspec medusa (default)"].spec.tree_size == 0 and "selfspec medusa chain" not in by_name
     assert all(spec.tree_size == 0 for spec in specs.values())
     assert by_name["selfspec ngram (default)"].spec.tree_size == 0
+    notes = []
+    names = [m.name for m in main_methods(parse_args(["--tree-size", "auto"]), _loaded_with_heads(torch.float32),
+                                          notes)[0]]
+    assert not any("tree=" in name and "(default)" not in name for name in names)  # eagle's is the default row
+    assert any("medusa --tree-size auto: no tree row" in note for note in notes)
 
 
 def test_skip_leaves_out_named_rows_but_never_the_baselines():
