@@ -147,8 +147,8 @@ def _add_generate(commands) -> None:
                        "else ngram (free, and strong on repetitive text such as code); none turns speculation off")
     where.add_argument("--tree-size", type=_tree_size, metavar="N", default="auto",
                        help="verify a tree of N draft nodes per step (medusa and eagle heads); auto: trees where "
-                       "they were measured to pay (a CPU with selfspec's few-row kernel: 10 nodes; a GPU), chains "
-                       "elsewhere; none or 0: chains; default: auto")
+                       "they were measured to pay (eagle heads on a CPU with selfspec's few-row kernel: 10 nodes; on a "
+                       "GPU), chains elsewhere; none or 0: chains; default: auto")
     where.add_argument("--drafter-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
                        help="an option for the drafter, repeatable (e.g. max_ngram_size=3, exit_layer=2); default: "
                        "the drafter's own defaults")

@@ -78,9 +78,9 @@ class SelfSpecModel:
     where trees were measured to pay and can be verified, chains elsewhere (`tree_forward.choose_tree_size`; why is in
     `chain_reason`): on a CPU with the few-row kernel trees of 10 nodes, each of cumulative draft probability above
     0.02 (`min_node_probability`; each verified node costs ~0.03 decodes there), on an accelerator the node budget of
-    its prior verify cost (47 on an H200: the N most probable nodes); chains on a CPU without the kernel, for drafters
-    that do not build trees (n-gram, early exit, a user's drafter without `max_tree_nodes`) and for models whose
-    attention ignores a custom 4D mask. An int N: trees of N nodes for the Medusa and EAGLE drafters (others keep
+    its prior verify cost (47 on an H200: the N most probable nodes), for the EAGLE drafter; chains on a CPU without the
+    kernel, for drafters whose trees were not measured to pay (Medusa, n-gram, early exit, a user's drafter without
+    `auto_trees = True`) and for models whose attention ignores a custom 4D mask or whose tree probe fails. An int N: trees of N nodes for the Medusa and EAGLE drafters (others keep
     proposing chains), refused at wrap time (with what to do) for early exit and models without a custom-mask path;
     None or 0: chains. Batches of prompts decode chains ("auto"; an explicit N is refused there). The
     draft-length policy's k then caps the tree's depth: the stats and the verify-cost curve see a tree step as N
