@@ -192,12 +192,17 @@ def random_heads(model, like=None, seed: int = 0):
 
     config = like.config if like is not None else None
     shape = (config.num_heads, config.num_layers, config.share_lm_head) if config is not None else (4, 1, True)
-    heads = MedusaHeads.for_model(model, *shape)
+    # the blocks (and own LM projections) are randomized; a shared LM head is not among their parameters
+    return randomized(MedusaHeads.for_model(model, *shape), seed)
+
+
+def randomized(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """`module` with every parameter drawn at random, large (4 / sqrt(fan-in)), in eval mode."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for p in heads.parameters():  # the blocks (and own LM projections); a shared LM head is not among them
+        for p in module.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 4 / p.shape[-1] ** 0.5)
-    return heads.eval()
+    return module.eval()
 
 
 def random_eagle_head(model, seed: int = 0):
@@ -205,12 +210,7 @@ def random_eagle_head(model, seed: int = 0):
     never right: the useless case of the drafter whose default drafts are trees."""
     from heads.eagle import EagleHead
 
-    head = EagleHead.for_model(model)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 4 / p.shape[-1] ** 0.5)
-    return head.eval()
+    return randomized(EagleHead.for_model(model), seed)
 
 
 class Timer:

@@ -129,7 +129,7 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
             notes.append(f"eagle skipped: this engine does not take drafter='eagle' yet ({err})")
     methods.append(selfspec_method(OFF, lambda: specs["none"], n, eos, "none"))
     chains = {d: SelfSpecModel(model, drafter=d, heads=extras[d], tree_size=None) for d in extras
-              if specs[d].tree_size}  # the sweep's, and --chains' rows
+              if specs[d].tree_size and (settings.chains or settings.sweep_max > 0)}  # the sweep's, and --chains' rows
     trees = tree_specs(settings, model, extras, notes)
     for drafter, spec in specs.items():
         if drafter == "none":
@@ -143,8 +143,9 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
             variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], few_row_kernel="off"),
                              " kernel off"))
         tree = trees.get(drafter)
-        if tree is not None and (tree.tree_size, tree.min_node_probability) != (spec.tree_size, spec.min_node_probability):
-            variants.append((tree, f" tree={tree.tree_size}"))  # (a tree row the default already is: not run twice)
+        shape_of = lambda s: (s.tree_size, s.min_node_probability)  # noqa: E731
+        if tree is not None and shape_of(tree) != shape_of(spec):  # a tree row the default already is: not run twice
+            variants.append((tree, f" tree={tree.tree_size}"))
         for variant, shape in variants:
             default = " (default)" if variant is spec else ""
             methods.append(selfspec_method(f"selfspec {drafter}{where}{shape}{default}", lambda s=variant: s, n, eos,
