@@ -163,6 +163,10 @@ def _add_generate(commands) -> None:
                        help="run a float32 CPU model's products over 2-32 rows (verification) through selfspec's "
                        "streaming kernel, compiled on first use with the system's C compiler (x86 with AVX2); auto: "
                        "where it builds; on: fail if it cannot; off: F.linear everywhere")
+    where.add_argument("--draft-dtype", choices=("auto", "bfloat16", "model"), default="auto",
+                       help="the dtype the drafter's own weights (heads, draft vocabulary) stream in where the few-row "
+                       "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
+                       "else the model's; model: the model's own dtype")
     where.add_argument("--threads", type=_int_at_least(1), metavar="N",
                        help="CPU threads for torch; default: torch's own choice (one per core); 1 is fastest for "
                        "small models or on a busy machine")
@@ -255,7 +259,7 @@ def _load(args):
         engine = SelfSpecModel.from_pretrained(
             args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
             dtype=dtype if dtype == "auto" else getattr(torch, dtype), tree_size=args.tree_size,
-            few_row_kernel=args.few_row_kernel, **placement,
+            few_row_kernel=args.few_row_kernel, draft_dtype=args.draft_dtype, **placement,
         )
     except (FileNotFoundError, ImportError) as err:  # a missing wheel or gguf package: say what to install
         raise UsageError(f"--model {args.model}: {err}") from None

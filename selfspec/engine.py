@@ -20,7 +20,7 @@ from selfspec.draft_length import (
 )
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
-from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
+from selfspec.few_row_linear import FewRowLinears, resolve_draft_dtype, resolve_few_row_kernel
 from selfspec.inputs import apply_chat_template, check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
@@ -91,21 +91,28 @@ class SelfSpecModel:
     few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-32
     rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
     it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding) always run through F.linear.
+    draft_dtype: "auto" (default), "bfloat16" or None: the dtype the drafter's own layers (heads, the draft
+    vocabulary's LM head rows; never the model's layers) stream their weights in, where the few-row kernel runs
+    ("auto": bfloat16 there, else the model's own; None: the model's own). Drafts need not match the model's
+    arithmetic, only be what the verifier is told they are, so this changes no output (`few_row_linear.py`).
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
 
     clock: Callable[[], float] = staticmethod(time.perf_counter)
 
     def __init__(self, model, drafter: str | Drafter | None = None, heads=None, tokenizer=None,
-                 tree_size: int | str | None = "auto", few_row_kernel: str | bool = "auto", **drafter_options):
+                 tree_size: int | str | None = "auto", few_row_kernel: str | bool = "auto", draft_dtype="auto",
+                 **drafter_options):
         self.model = model
         self.target = TargetModel(model)
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         dtype = self.target.lm_head.weight.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
-        self.few_row_linears = (FewRowLinears(model, *drafter_modules(self.drafter, self.target)) if self.few_row_kernel
-                                else None)
+        self.draft_dtype = resolve_draft_dtype(draft_dtype, self.few_row_kernel)  # torch.bfloat16 or None
+        self.few_row_linears = (FewRowLinears(model, draft_modules=drafter_modules(self.drafter, self.target),
+                                              draft_bfloat16=self.draft_dtype is torch.bfloat16)
+                                if self.few_row_kernel else None)
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
@@ -126,7 +133,7 @@ class SelfSpecModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
-                        tree_size="auto", few_row_kernel="auto", **model_kwargs):
+                        tree_size="auto", few_row_kernel="auto", draft_dtype="auto", **model_kwargs):
         """Load the base (a directory, a hub id, a .gguf file, or "smollm2") and its tokenizer; dtype, device_map, ...
         pass through to AutoModelForCausalLM. Without a dtype, a half-precision checkpoint on a CPU runs in float32
         (selfspec/loading.py); an explicit dtype always wins."""
@@ -135,7 +142,7 @@ class SelfSpecModel:
         model = load_model(name_or_path, dtype=dtype, device=device, **model_kwargs)
         tokenizer = load_tokenizer(name_or_path)
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, tree_size=tree_size,
-                   few_row_kernel=few_row_kernel, **(drafter_options or {}))
+                   few_row_kernel=few_row_kernel, draft_dtype=draft_dtype, **(drafter_options or {}))
 
     def verify_cost(self) -> LearnedVerifyCost:
         """This model's cost curve of verifying k drafts (in one-token decodes) on its device, as "auto" plans with

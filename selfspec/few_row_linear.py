@@ -20,6 +20,14 @@ everything else run exactly as without it. (A TorchFunctionMode does the same wi
 intercepting every op of a 30-layer forward cost SmolLM2 12 % of a decode.) Results agree with F.linear to float32
 rounding (a different summation order, as BLAS's GEMM and GEMV already differ); every row is the same sum in the
 same order whatever the number of rows beside it.
+
+A drafter's layers may stream their weights in bfloat16 (`draft_dtype`, on by default where the kernel runs): a
+drafter's products are memory-bound like the model's (a tree level reads the head's layer and the draft vocabulary's
+LM head rows for 1-4 rows), and its drafts need not match the model's arithmetic, only be what the verifier is told
+they are. The kernel widens each bfloat16 weight to float32 as it loads it (the same float32 arithmetic on weights
+rounded to bfloat16): half the bytes, round 23's AMD EPYC (AVX-512) 0.55-0.65x of the float32 kernel's time over 1-4
+rows of SmolLM2's head shapes, 0.8x over 10. The drafter's own parameters stay float32; the engine keeps a bfloat16
+copy of each weight (made again if the weight changes). The model's layers are never routed this way.
 """
 from __future__ import annotations
 
@@ -50,6 +58,7 @@ FLAGS = ["-O3", "-shared", "-fPIC"]
 # Xeon: 4-32 rows 0.8-0.9x of the AVX2 build's time, the same at 1-2 rows), else AVX2 + FMA.
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 SETTINGS = ("auto", "on", "off")
+DRAFT_DTYPES = ("auto", "bfloat16", "model", None)
 logger = logging.getLogger(__name__)
 
 
@@ -69,6 +78,21 @@ def resolve_few_row_kernel(setting: str | bool, device: torch.device, dtype: tor
     if why_not and setting == "on":
         raise ValueError(f"few_row_kernel='on' but {why_not}; pass few_row_kernel='auto' or 'off'")
     return why_not is None
+
+
+def resolve_draft_dtype(setting, few_row_kernel: bool) -> torch.dtype | None:
+    """The dtype a drafter's layers stream their weights in through the kernel: torch.bfloat16, or None (the model's
+    own). setting: "auto" (bfloat16 where `few_row_kernel` runs, else None), "bfloat16" / torch.bfloat16 (the same,
+    but an error says why it cannot), None / "model" (the model's own)."""
+    if setting is torch.bfloat16:
+        setting = "bfloat16"
+    if setting not in DRAFT_DTYPES:
+        raise ValueError(f"draft_dtype={setting!r}: expected one of {DRAFT_DTYPES} (or torch.bfloat16)")
+    if setting == "bfloat16" and not few_row_kernel:
+        raise ValueError("draft_dtype='bfloat16' streams the drafter's weights through selfspec's few-row kernel, which "
+                         "does not run for this model (it needs a float32 model on an x86 CPU with AVX2 and a C "
+                         "compiler, and few_row_kernel not 'off'); pass draft_dtype='auto' or None")
+    return torch.bfloat16 if setting in ("auto", "bfloat16") and few_row_kernel else None
 
 
 def kernel_isa() -> str | None:
@@ -91,15 +115,17 @@ def unavailable_reason() -> str | None:
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) through the kernel, for any number of rows: x [..., K] float32 on a CPU, weight
-    [N, K] contiguous, K a multiple of 8, bias [N] or None. Raises if the kernel is unavailable."""
-    kernel, why_not = _load()
+    [N, K] contiguous float32, or bfloat16 (F.linear(x, weight.float(), bias) to float32 rounding), K a multiple of 8,
+    bias [N] float32 or None. Raises if the kernel is unavailable."""
+    bfloat16 = weight.dtype is torch.bfloat16
+    kernel, why_not = _load_bf16() if bfloat16 else _load()
     if kernel is None:
         raise RuntimeError(f"the few-row kernel is unavailable: {why_not}")
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1] or weight.shape[1] % 8:
         raise ValueError(f"x {tuple(x.shape)} and weight {tuple(weight.shape)}: need [..., K] and [N, K], K % 8 == 0")
-    if not (_plain_float32(x) and _dense_parameters(weight, bias)):
-        raise ValueError("the kernel takes plain float32 CPU tensors, a contiguous weight and a contiguous bias of "
-                         "one value per output")
+    if not (_plain_float32(x) and _dense_parameters(weight, bias, weight.dtype if bfloat16 else torch.float32)):
+        raise ValueError("the kernel takes plain float32 CPU tensors, a contiguous float32 or bfloat16 weight and a "
+                         "contiguous bias of one value per output")
     return _run(kernel, x, weight, bias)
 
 
@@ -115,13 +141,20 @@ class FewRowLinears:
     """The nn.Linear layers of some modules, routed through the kernel while inside `with` (or `routing(steps)`):
     each layer's forward takes its few-row float32 products and hands every other call to F.linear, as nn.Linear
     itself does. Outside, the layers are untouched nn.Linear modules. A layer whose forward someone else replaced
-    (accelerate's offloading hooks, a user's patch), or whose input size is not a multiple of 8, is left alone."""
+    (accelerate's offloading hooks, a user's patch), or whose input size is not a multiple of 8, is left alone.
+    draft_modules: a drafter's modules, routed the same way, or with `draft_bfloat16` through the kernel's bfloat16
+    weights for 1..MAX_ROWS rows (one row too: a drafter's one-row products are not plain decoding); a layer that
+    is also one of `modules`' (a drafter sharing the model's LM head) is the model's and stays float32."""
 
-    def __init__(self, *modules: torch.nn.Module | None):
+    def __init__(self, *modules: torch.nn.Module | None, draft_modules=(), draft_bfloat16: bool = False):
         kernel = _load()[0]  # (None: nothing to route)
-        self.forwards = [(layer, _forward_of(layer, kernel))
-                         for module in modules if kernel is not None and isinstance(module, torch.nn.Module)
-                         for layer in module.modules() if type(layer) is torch.nn.Linear and layer.in_features % 8 == 0]
+        target_layers = _linear_layers(modules) if kernel is not None else []
+        own = {id(layer) for layer in target_layers}
+        draft_layers = [layer for layer in _linear_layers(draft_modules) if id(layer) not in own] if kernel else []
+        half_kernel = _load_bf16()[0] if draft_bfloat16 and draft_layers else None
+        self.forwards = [(layer, _forward_of(layer, kernel)) for layer in target_layers]
+        self.forwards += [(layer, _bf16_forward_of(layer, half_kernel) if half_kernel else _forward_of(layer, kernel))
+                          for layer in draft_layers]
 
     def __enter__(self):
         for layer, forward in self.forwards:
@@ -139,6 +172,14 @@ class FewRowLinears:
         return each_resumption(steps, lambda: self)
 
 
+def _linear_layers(modules) -> list[torch.nn.Linear]:
+    """The plain nn.Linear layers of `modules` (None entries skipped) the kernel can take (input size % 8 == 0),
+    each once."""
+    layers = {id(layer): layer for module in modules if isinstance(module, torch.nn.Module)
+              for layer in module.modules() if type(layer) is torch.nn.Linear and layer.in_features % 8 == 0}
+    return list(layers.values())
+
+
 def _forward_of(layer: torch.nn.Linear, kernel):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
@@ -146,30 +187,59 @@ def _forward_of(layer: torch.nn.Linear, kernel):
     module's dict (nn.Module's attribute lookup cost ~1.5 us each on round 17's CPU) and does not copy a contiguous
     input (the whole check and call ~20 us before, ~10-12 us now); a weight that is not a registered parameter
     (pruning replaces it by a plain attribute) goes through F.linear."""
-    k_dim, n_dim = layer.in_features, layer.out_features
+    k_dim = layer.in_features
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         parameters = layer._parameters
         weight, bias = parameters.get("weight"), parameters.get("bias")
-        if (weight is None or not MIN_ROWS <= x.numel() // k_dim <= MAX_ROWS or x.shape[-1] != k_dim
-                or not _plain_float32(x) or weight.shape != (n_dim, k_dim) or not _dense_parameters(weight, bias)
-                or torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
-                                                or bias is not None and bias.requires_grad)):
+        if not MIN_ROWS <= x.numel() // k_dim <= MAX_ROWS or not _kernel_takes(layer, x, weight, bias):
             return F.linear(x, layer.weight, layer.bias)
         return _run(kernel, x, weight, bias)
     return forward
 
 
-def _dense_parameters(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """What the kernel reads from a layer: a plain float32 contiguous weight, and bias (if any) alike, one value per
-    output (the kernel reads weight.shape[0] of them)."""
-    return (_plain_float32(weight) and weight.is_contiguous()
+def _bf16_forward_of(layer: torch.nn.Linear, kernel):
+    """A drafter layer's forward: its products over 1..MAX_ROWS rows through the kernel with a bfloat16 copy of its
+    weight (made at first use and again whenever the weight's storage or version changes), everything else as
+    `_forward_of`'s F.linear."""
+    k_dim, copy = layer.in_features, {}
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        parameters = layer._parameters
+        weight, bias = parameters.get("weight"), parameters.get("bias")
+        if not 1 <= x.numel() // k_dim <= MAX_ROWS or not _kernel_takes(layer, x, weight, bias):
+            return F.linear(x, layer.weight, layer.bias)
+        key = (weight.data_ptr(), weight._version)
+        if copy.get("key") != key:
+            copy["key"], copy["weight"] = key, weight.detach().to(torch.bfloat16).contiguous()
+        return _run(kernel, x, copy["weight"], bias)
+    return forward
+
+
+def _kernel_takes(layer: torch.nn.Linear, x: torch.Tensor, weight, bias) -> bool:
+    """Whether the kernel can run `layer`'s product with x (rows aside): float32 x of the layer's input size, its
+    registered float32 parameters dense, and no gradient to record."""
+    return (weight is not None and x.shape[-1] == layer.in_features and _plain_float32(x)
+            and weight.shape == (layer.out_features, layer.in_features) and _dense_parameters(weight, bias)
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                                  or bias is not None and bias.requires_grad)))
+
+
+def _dense_parameters(weight: torch.Tensor, bias: torch.Tensor | None, weight_dtype=torch.float32) -> bool:
+    """What the kernel reads from a layer: a plain contiguous weight of `weight_dtype` (float32, or bfloat16 for the
+    kernel's other entry point), and a float32 contiguous bias (if any), one value per output (the kernel reads
+    weight.shape[0] of them)."""
+    return (_plain(weight, weight_dtype) and weight.is_contiguous()
             and (bias is None or _plain_float32(bias) and bias.is_contiguous() and bias.shape == weight.shape[:1]))
 
 
 def _plain_float32(tensor: torch.Tensor) -> bool:
     """A plain float32 tensor in CPU memory (not meta, sparse, or a tensor subclass)."""
-    return (tensor.dtype is torch.float32 and tensor.is_cpu and tensor.layout is torch.strided
+    return _plain(tensor, torch.float32)
+
+
+def _plain(tensor: torch.Tensor, dtype: torch.dtype) -> bool:
+    return (tensor.dtype is dtype and tensor.is_cpu and tensor.layout is torch.strided
             and type(tensor) in (torch.Tensor, torch.nn.Parameter))
 
 
@@ -177,12 +247,24 @@ def _plain_float32(tensor: torch.Tensor) -> bool:
 def _load(isa: str | None = None):
     """(the kernel as a ctypes function, None) or (None, why not); built once per source, flags and compiler. isa:
     "avx512" or "avx2" (tests and A/Bs build both where the CPU has AVX-512); None: `kernel_isa()`."""
+    if isa is None and kernel_isa() is not None:
+        return _load(kernel_isa())  # (one build, one library loaded, however it is asked for)
+    return _entry_point("few_row_linear", isa)
+
+
+@lru_cache(maxsize=None)
+def _load_bf16(isa: str | None = None):
+    """As `_load`, for the kernel's bfloat16-weight entry point (the same library)."""
+    if isa is None and kernel_isa() is not None:
+        return _load_bf16(kernel_isa())
+    return _entry_point("few_row_linear_bf16", isa)
+
+
+def _entry_point(name: str, isa: str | None):
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the CPU is {platform.machine()}, not x86-64"
     if kernel_isa() is None:
         return None, f"this CPU lacks AVX2 / FMA (torch reports {torch.backends.cpu.get_cpu_capability()})"
-    if isa is None:
-        return _load(kernel_isa())  # (one build, one library loaded, however it is asked for)
     if isa not in ISA_FLAGS:
         raise ValueError(f"isa={isa!r}: expected one of {tuple(ISA_FLAGS)}")
     if isa == "avx512" and kernel_isa() != "avx512":
@@ -192,7 +274,7 @@ def _load(isa: str | None = None):
         return None, "no C compiler found (install gcc, or set CC)"
     try:
         library = _build(compiler, ISA_FLAGS[isa])
-        kernel = ctypes.CDLL(str(library)).few_row_linear
+        kernel = getattr(_library(library), name)
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("selfspec: the few-row kernel did not build (%s); using F.linear", error)
         return None, f"the kernel did not build with {compiler}: {error}"
@@ -200,6 +282,11 @@ def _load(isa: str | None = None):
                        ctypes.c_void_p, ctypes.c_void_p]
     kernel.restype = None
     return kernel, None
+
+
+@lru_cache(maxsize=None)
+def _library(path: Path) -> ctypes.CDLL:
+    return ctypes.CDLL(str(path))
 
 
 def _build(compiler: str, isa_flags: list[str]) -> Path:

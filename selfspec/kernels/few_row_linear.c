@@ -14,6 +14,10 @@
  * adds its products in k order, slice after slice, then the lanes are summed), so a row's result does not depend
  * on its neighbours. Requires k_dim % 8 == 0 and contiguous row-major x [rows, k_dim], w [n_dim, k_dim],
  * y [rows, n_dim]; bias may be NULL.
+ * Two entry points: few_row_linear (float32 weights) and few_row_linear_bf16 (bfloat16 weights, widened to float32
+ * exactly as they are loaded: half the bytes streamed, the same float32 arithmetic; for a drafter's layers, whose
+ * products need not match the model's). One body serves both: `weight_bf16` is a constant at each entry point, so
+ * the compiler builds two copies with no test left inside the loops.
  */
 #include <immintrin.h>
 
@@ -25,6 +29,11 @@ typedef __m512 vec;
 #define LOAD(p) _mm512_loadu_ps(p)
 #define LOAD8(p) _mm512_maskz_loadu_ps(0x00FF, p)  /* 8 columns, the other lanes 0 */
 #define FMA(a, b, acc) _mm512_fmadd_ps(a, b, acc)
+/* 16 (8) bfloat16 weights widened to float32: the 16 bits become a float32's high half */
+#define LOAD_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32( \
+    _mm256_loadu_si256((const __m256i *)(p))), 16))
+#define LOAD8_BF16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32( \
+    _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(p)), 0)), 16))
 static inline float sum_lanes(vec v) { return _mm512_reduce_add_ps(v); }
 #else
 typedef __m256 vec;
@@ -34,6 +43,9 @@ typedef __m256 vec;
 #define LOAD(p) _mm256_loadu_ps(p)
 #define LOAD8(p) _mm256_loadu_ps(p)
 #define FMA(a, b, acc) _mm256_fmadd_ps(a, b, acc)
+#define LOAD_BF16(p) _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32( \
+    _mm_loadu_si128((const __m128i *)(p))), 16))
+#define LOAD8_BF16(p) LOAD_BF16(p)
 static inline float sum_lanes(vec v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     __m128 h = _mm_movehdup_ps(s);
@@ -43,42 +55,57 @@ static inline float sum_lanes(vec v) {
 }
 #endif
 
-#define K_SLICE 256  /* columns per slice: 4 weight rows (4 KB) + PASS_ROWS rows of x (3-4 KB) in L1 */
+#define K_SLICE 256  /* columns per slice: 4 weight rows (4 KB in float32) + PASS_ROWS rows of x (3-4 KB) in L1 */
 #define GROUP 48     /* rows of x per sweep over the weights (more rows: one sweep per group) */
 _Static_assert(GROUP % PASS_ROWS == 0, "partial[] holds GROUP rows, filled PASS_ROWS at a time");
 _Static_assert(K_SLICE % 16 == 0, "a slice is whole 16-column steps; only the last one may end in 8 columns");
 
-/* One vector of columns (8 or 16, read with `load`) of the PASS_ROWS rows of x against weight rows w0-w3. */
-#define MULTIPLY(load, k) { \
-    vec q0 = load(w0 + (k)), q1 = load(w1 + (k)), q2 = load(w2 + (k)), q3 = load(w3 + (k)); \
+#define INLINE static inline __attribute__((always_inline))
+
+/* Weight row `w` (float32 or bfloat16), columns k .. k + LANES - 1 (k .. k + 7 with `eight`, the other lanes 0). */
+INLINE vec load_weights(const void *w, long k, int weight_bf16, int eight) {
+    if (weight_bf16)
+        return eight ? LOAD8_BF16((const unsigned short *)w + k) : LOAD_BF16((const unsigned short *)w + k);
+    return eight ? LOAD8((const float *)w + k) : LOAD((const float *)w + k);
+}
+
+/* One vector of columns (16 or the last 8: `eight`) of the PASS_ROWS rows of x against weight rows w0-w3. */
+#define MULTIPLY(k, eight) { \
+    vec q0 = load_weights(w0, k, weight_bf16, eight), q1 = load_weights(w1, k, weight_bf16, eight); \
+    vec q2 = load_weights(w2, k, weight_bf16, eight), q3 = load_weights(w3, k, weight_bf16, eight); \
     _Pragma("GCC unroll 8") \
     for (int r = 0; r < PASS_ROWS; r++) { \
-        vec v = load(xr[r] + (k)); \
+        vec v = (eight) ? LOAD8(xr[r] + (k)) : LOAD(xr[r] + (k)); \
         acc[r][0] = FMA(v, q0, acc[r][0]); acc[r][1] = FMA(v, q1, acc[r][1]); \
         acc[r][2] = FMA(v, q2, acc[r][2]); acc[r][3] = FMA(v, q3, acc[r][3]); \
     } }
 
 /* One weight row against every row of x (the last n_dim % 4 rows). */
-static void one_weight_row(const float *x, long rows, long k_dim, const float *w, float *y, long n_dim) {
+INLINE void one_weight_row(const float *x, long rows, long k_dim, const void *w, float *y, long n_dim,
+                           int weight_bf16) {
     for (long m = 0; m < rows; m++) {
         const float *xm = x + m * k_dim;
         vec s = ZERO();
         long k = 0;
         for (; k + LANES <= k_dim; k += LANES)
-            s = FMA(LOAD(xm + k), LOAD(w + k), s);
+            s = FMA(LOAD(xm + k), load_weights(w, k, weight_bf16, 0), s);
         if (k < k_dim)
-            s = FMA(LOAD8(xm + k), LOAD8(w + k), s);
+            s = FMA(LOAD8(xm + k), load_weights(w, k, weight_bf16, 1), s);
         y[m * n_dim] = sum_lanes(s);
     }
 }
 
 /* rows <= GROUP rows of x against every weight row. */
-static void row_group(const float *x, long rows, long k_dim, const float *w, long n_dim, float *y) {
+INLINE void row_group(const float *x, long rows, long k_dim, const void *w, long n_dim, float *y, int weight_bf16) {
+    const long row_bytes = k_dim * (weight_bf16 ? 2 : 4);
+    /* one 64-byte line of each of the next block's rows per this many 16-column steps of each pass */
+    const long steps_per_line = weight_bf16 ? 2 : 1;
     vec partial[GROUP * 4];  /* [row][weight row of the block]: per-lane sums over the slices so far */
     long passes = (rows + PASS_ROWS - 1) / PASS_ROWS, n = 0;
     for (; n + 4 <= n_dim; n += 4) {
-        const float *w0 = w + n * k_dim, *w1 = w0 + k_dim, *w2 = w1 + k_dim, *w3 = w2 + k_dim;
-        const char *next = (const char *)(w0 + 4 * k_dim);  /* the next block of four weight rows */
+        const char *w0 = (const char *)w + n * row_bytes, *w1 = w0 + row_bytes, *w2 = w1 + row_bytes;
+        const char *w3 = w2 + row_bytes;
+        const char *next = w0 + 4 * row_bytes;  /* the next block of four weight rows */
         long fetch = n + 8 <= n_dim, fetched = 0, countdown = 0;
         for (long k0 = 0; k0 < k_dim; k0 += K_SLICE) {
             long k1 = k0 + K_SLICE < k_dim ? k0 + K_SLICE : k_dim;
@@ -97,22 +124,22 @@ static void row_group(const float *x, long rows, long k_dim, const float *w, lon
                     for (int j = 0; j < 4; j++)
                         acc[r][j] = k0 == 0 ? ZERO() : partial[4 * (m + r) + j];
                 long k = k0;
-                for (; k + 16 <= k1; k += 16) {  /* 16 columns: one 64-byte line of each of the four weight rows */
-                    if (fetch && countdown-- == 0) {  /* one 64-byte column of the next block every `passes` */
+                for (; k + 16 <= k1; k += 16) {  /* 16 columns of each of the four weight rows */
+                    if (fetch && countdown-- == 0) {  /* one 64-byte line of the next block every few steps */
                         const char *p = next + fetched;
                         _mm_prefetch(p, _MM_HINT_T0);
-                        _mm_prefetch(p + 4 * k_dim, _MM_HINT_T0);
-                        _mm_prefetch(p + 8 * k_dim, _MM_HINT_T0);
-                        _mm_prefetch(p + 12 * k_dim, _MM_HINT_T0);
+                        _mm_prefetch(p + row_bytes, _MM_HINT_T0);
+                        _mm_prefetch(p + 2 * row_bytes, _MM_HINT_T0);
+                        _mm_prefetch(p + 3 * row_bytes, _MM_HINT_T0);
                         fetched += 64;
-                        countdown = passes - 1;
+                        countdown = passes * steps_per_line - 1;
                     }
                     _Pragma("GCC unroll 2")
                     for (long h = k; h < k + 16; h += LANES)
-                        MULTIPLY(LOAD, h)
+                        MULTIPLY(h, 0)
                 }
                 if (k < k1)  /* the last 8 columns of a row (k_dim % 16 == 8) */
-                    MULTIPLY(LOAD8, k)
+                    MULTIPLY(k, 1)
                 if (k1 < k_dim) {
                     _Pragma("GCC unroll 8")
                     for (int r = 0; r < PASS_ROWS; r++)
@@ -130,14 +157,24 @@ static void row_group(const float *x, long rows, long k_dim, const float *w, lon
         }
     }
     for (; n < n_dim; n++)
-        one_weight_row(x, rows, k_dim, w + n * k_dim, y + n, n_dim);
+        one_weight_row(x, rows, k_dim, (const char *)w + n * row_bytes, y + n, n_dim, weight_bf16);
 }
 
-void few_row_linear(const float *x, long rows, long k_dim, const float *w, long n_dim, const float *bias, float *y) {
+INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_dim, const float *bias, float *y,
+                   int weight_bf16) {
     for (long m = 0; m < rows; m += GROUP)
-        row_group(x + m * k_dim, rows - m < GROUP ? rows - m : GROUP, k_dim, w, n_dim, y + m * n_dim);
+        row_group(x + m * k_dim, rows - m < GROUP ? rows - m : GROUP, k_dim, w, n_dim, y + m * n_dim, weight_bf16);
     if (bias)
         for (long m = 0; m < rows; m++)
             for (long j = 0; j < n_dim; j++)
                 y[m * n_dim + j] += bias[j];
+}
+
+void few_row_linear(const float *x, long rows, long k_dim, const float *w, long n_dim, const float *bias, float *y) {
+    linear(x, rows, k_dim, w, n_dim, bias, y, 0);
+}
+
+void few_row_linear_bf16(const float *x, long rows, long k_dim, const unsigned short *w, long n_dim,
+                         const float *bias, float *y) {
+    linear(x, rows, k_dim, w, n_dim, bias, y, 1);
 }

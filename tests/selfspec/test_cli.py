@@ -164,6 +164,20 @@ def test_tree_size_defaults_to_auto_as_the_library_does(flags, expected, model_d
     assert args.tree_size == expected
 
 
+@pytest.mark.parametrize("flags, expected", [([], "auto"), (["--draft-dtype", "model"], "model"),
+                                            (["--draft-dtype", "bfloat16"], "bfloat16")])
+def test_draft_dtype_defaults_to_auto_as_the_library_does(flags, expected, model_dir, monkeypatch):
+    from selfspec.engine import SelfSpecModel
+
+    seen = {}
+    monkeypatch.setattr(SelfSpecModel, "from_pretrained", classmethod(lambda cls, *a, **kw: seen.update(kw)))
+    args = cli.build_parser().parse_args(["generate", "--model", model_dir, "--prompt", "x", *flags])
+    assert args.draft_dtype == expected
+    with pytest.raises(AttributeError):  # (the stub returns None, which has no tokenizer)
+        cli._load(args)
+    assert seen["draft_dtype"] == expected
+
+
 def test_errors_found_after_parsing_are_one_line_too(tmp_path, model_dir, capsys):
     no_template = save_model_dir(tmp_path / "plain", chat_template=False)
     code, out, err = run_main(capsys, "generate", "--model", no_template, "--prompt", "hi", "--chat", "--threads", "1")

@@ -45,6 +45,26 @@ def test_kernel_computes_f_linear(isa_kernel, rows, n_dim, k_dim, with_bias):
         assert torch.equal(frl._run(isa_kernel, x[row : row + 1], weight, bias)[0], out[row])
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 8, 33])
+@pytest.mark.parametrize("n_dim, k_dim", [(1, 8), (7, 64), (64, 136), (9, 600)])
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_bfloat16_weights_are_widened_exactly(needs_kernel, isa, rows, n_dim, k_dim):
+    # the bfloat16 entry point computes F.linear with the weights as float32 holds them (a bfloat16 value widens to
+    # float32 exactly), to float32 rounding, each row independent of its neighbours
+    kernel, why_not = frl._load_bf16(isa)
+    if kernel is None:
+        pytest.skip(f"no {isa} kernel here: {why_not}")
+    g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
+    x, bias = torch.randn(rows, k_dim, generator=g), torch.randn(n_dim, generator=g)
+    weight = torch.randn(n_dim, k_dim, generator=g).to(torch.bfloat16)
+    out = frl._run(kernel, x, weight, bias)
+    torch.testing.assert_close(out, F.linear(x, weight.float(), bias), rtol=1e-5, atol=1e-5 * k_dim ** 0.5)
+    for row in range(rows):
+        assert torch.equal(frl._run(kernel, x[row : row + 1], weight, bias)[0], out[row])
+    if isa == frl.kernel_isa():  # the public entry runs this build
+        torch.testing.assert_close(frl.few_row_linear(x, weight, bias), out, rtol=0, atol=0)
+
+
 @pytest.mark.usefixtures("needs_kernel")
 def test_kernel_takes_batched_and_strided_inputs():
     x = torch.randn(2, 3, 40)[:, :, :32]  # [2, 3, 32], not contiguous
@@ -72,12 +92,44 @@ class CountingKernel:
 
 @pytest.fixture
 def counting_kernel(monkeypatch):
+    """The float32 kernel, counting its calls; `.bf16`: the bfloat16-weight entry point, counting its own."""
     kernel, why_not = frl._load()
     if kernel is None:
         pytest.skip(f"kernel unavailable: {why_not}")
-    counting = CountingKernel(kernel)
+    counting, counting.bf16 = CountingKernel(kernel), CountingKernel(frl._load_bf16()[0])
     monkeypatch.setattr(frl, "_load", lambda: (counting, None))
+    monkeypatch.setattr(frl, "_load_bf16", lambda: (counting.bf16, None))
     return counting
+
+
+def test_draft_layers_stream_bfloat16_weights_and_the_models_layers_never_do(counting_kernel):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 16, bias=False))
+    head = torch.nn.Sequential(torch.nn.Linear(16, 32), model[2])  # its second layer is the model's own
+    routed = FewRowLinears(model, draft_modules=[head], draft_bfloat16=True)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        expected_head = F.linear(x, head[0].weight.to(torch.bfloat16).float(), head[0].bias)
+        with routed:
+            model(x)
+            got = head[0](x), head[0](x[:1])  # a drafter's one-row products too
+            head[0](torch.randn(frl.MAX_ROWS + 1, 16))  # beyond MAX_ROWS: F.linear with the float32 weight
+    assert counting_kernel.rows == [3, 3] and counting_kernel.outputs == [24, 16]  # the model's layers: float32
+    assert counting_kernel.bf16.rows == [3, 1] and counting_kernel.bf16.outputs == [32, 32]
+    torch.testing.assert_close(got[0], expected_head, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1][0], got[0][0])
+    assert not torch.allclose(got[0], F.linear(x, head[0].weight, head[0].bias), rtol=0, atol=1e-6)  # rounded weights
+    assert head[0].weight.dtype is torch.float32  # the layer itself is untouched
+    # the copy follows the weight: changed in place (a user training the head between calls), the next call sees it
+    with torch.no_grad():
+        head[0].weight.mul_(-1)
+        with routed:
+            flipped = head[0](x)
+    torch.testing.assert_close(flipped, F.linear(x, head[0].weight.to(torch.bfloat16).float(), head[0].bias))
+    # without draft_bfloat16 a drafter's layers run as the model's: float32, from two rows
+    counting_kernel.rows.clear(), counting_kernel.bf16.rows.clear()
+    with FewRowLinears(model, draft_modules=[head]), torch.no_grad():
+        head[0](x), head[0](x[:1])
+    assert counting_kernel.rows == [3] and counting_kernel.bf16.rows == []
 
 
 def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_kernel):
@@ -182,8 +234,53 @@ def test_a_tree_projects_its_draft_vocabulary_through_the_kernel(counting_kernel
         out = with_kernel.generate(prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
         plain = without.generate(prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
         assert torch.equal(out.sequences[0], plain.sequences[0])
-    projections = [rows for rows, n in zip(counting_kernel.rows, counting_kernel.outputs) if n == draft_vocab.numel()]
+    # the drafter's layers stream bfloat16 weights by default (`draft_dtype="auto"`), so its projections are there
+    assert with_kernel.draft_dtype is torch.bfloat16
+    kernel = counting_kernel.bf16
+    projections = [rows for rows, n in zip(kernel.rows, kernel.outputs) if n == draft_vocab.numel()]
     assert projections and max(projections) > 1  # a tree level's rows, onto the draft vocabulary, in the kernel
+    assert not any(n == draft_vocab.numel() for n in counting_kernel.outputs)  # not in float32
+
+
+@pytest.mark.parametrize("tree_size", [None, 6])
+def test_bfloat16_drafts_are_verified_exactly(counting_kernel, tree_size):
+    # The drafter's weights in bfloat16 change its drafts, never the output: greedy equals the model's generate (a
+    # float32 model, so only the verify forwards' summation order differs from it, as with the kernel alone), with
+    # drafts proposed, accepted and rejected, and the drafter's products through the bfloat16 entry point.
+    from tests.selfspec.test_eagle import randomized_head
+
+    model = tiny_model("llama", dtype=torch.float32)
+    prompts = [random_prompt(9, seed=1), random_prompt(14, seed=2)]
+    head = randomized_head(model, torch.arange(3, 43))
+    half = SelfSpecModel(model, heads=head, tree_size=tree_size)
+    full = SelfSpecModel(model, heads=head, tree_size=tree_size, draft_dtype=None)
+    assert half.draft_dtype is torch.bfloat16 and full.draft_dtype is None
+    expected = greedy_sequences(model, prompts, 24)
+    stats = []
+    for prompt, reference in zip(prompts, expected):
+        out = half.generate(prompt, max_new_tokens=24, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences[0], reference)
+        stats.append(out.stats)
+    assert_exercised(stats, rejected=True)
+    assert counting_kernel.bf16.rows  # the drafter ran on bfloat16 weights
+    calls = len(counting_kernel.bf16.rows)
+    for prompt, reference in zip(prompts, expected):
+        assert torch.equal(full.generate(prompt, max_new_tokens=24, num_draft_tokens=3, eos_token_id=[]).sequences[0],
+                           reference)
+    assert len(counting_kernel.bf16.rows) == calls  # draft_dtype=None: not at all
+
+
+def test_draft_dtype_settings_and_errors():
+    assert frl.resolve_draft_dtype("auto", True) is torch.bfloat16
+    assert frl.resolve_draft_dtype("auto", False) is None  # no kernel: the model's own dtype
+    assert frl.resolve_draft_dtype(torch.bfloat16, True) is torch.bfloat16
+    assert frl.resolve_draft_dtype(None, True) is None and frl.resolve_draft_dtype("model", True) is None
+    with pytest.raises(ValueError, match="does not run for this model"):
+        frl.resolve_draft_dtype("bfloat16", False)
+    with pytest.raises(ValueError, match="draft_dtype='float16'"):
+        frl.resolve_draft_dtype("float16", True)
+    with pytest.raises(ValueError, match="does not run for this model"):  # a float64 model: the kernel is off
+        SelfSpecModel(tiny_model(dtype=torch.float64), drafter="ngram", draft_dtype="bfloat16")
 
 
 def test_settings_and_errors(monkeypatch):
