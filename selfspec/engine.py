@@ -5,6 +5,7 @@ draft-length policy, the verify-cost curve, the stats recorder and each drafter 
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections.abc import Callable
@@ -120,7 +121,9 @@ class SelfSpecModel:
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         # nodes per step (0: chains); why "auto" chose chains (None when it did not, or for an explicit size)
-        self.tree_size, self.chain_reason = choose_tree_size(tree_size, self.drafter, self.target, self.few_row_kernel)
+        with self.few_row_linears or contextlib.nullcontext():  # (the tree probe's forwards run as verify forwards do)
+            self.tree_size, self.chain_reason = choose_tree_size(tree_size, self.drafter, self.target,
+                                                                 self.few_row_kernel)
         self.tree_size_requested = tree_size  # batches decode chains; only an explicit size is refused there
         # a node of a tree must be at least this probable under the drafter (`DraftContext.min_node_probability`)
         self.min_node_probability = (resolve_min_node_probability(tree_size, self.target.device, self.few_row_kernel)

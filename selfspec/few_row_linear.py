@@ -89,8 +89,8 @@ def resolve_draft_dtype(setting, few_row_kernel: bool) -> torch.dtype | None:
     if setting not in DRAFT_DTYPES:
         raise ValueError(f"draft_dtype={setting!r}: expected one of {DRAFT_DTYPES} (or torch.bfloat16)")
     if setting == "bfloat16" and not few_row_kernel:
-        raise ValueError("draft_dtype='bfloat16' streams the drafter's weights through selfspec's few-row kernel, which "
-                         "does not run for this model (it needs a float32 model on an x86 CPU with AVX2 and a C "
+        raise ValueError("draft_dtype='bfloat16' streams the drafter's weights through selfspec's few-row kernel, "
+                         "which does not run for this model (it needs a float32 model on an x86 CPU with AVX2 and a C "
                          "compiler, and few_row_kernel not 'off'); pass draft_dtype='auto' or None")
     return torch.bfloat16 if setting in ("auto", "bfloat16") and few_row_kernel else None
 

@@ -104,12 +104,14 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
     if got.shape[0] != tree.num_nodes + 1:
         raise NotImplementedError(refusal.format(how=f"gave {got.shape[0]} states for {tree.num_nodes + 1} tokens"))
     tolerance = PROBE_TOLERANCE_16BIT if got.dtype in (torch.float16, torch.bfloat16) else PROBE_TOLERANCE
-    leaves = [node for node in range(tree.num_nodes) if not tree.children[node + 1]]
-    for leaf in leaves:  # one plain causal forward per root-to-leaf path checks every row on it (the root included)
-        path = tree.path_to(leaf)
-        ids = torch.cat([prompt, tokens[path]])
-        expected = target.decoder(input_ids=ids[None], use_cache=False).last_hidden_state[0, len(prompt) - 1:]
-        for row, state in zip([0] + [node + 1 for node in path], expected):
+    # One plain causal forward over every root-to-leaf path, as a batch, checks every row of the tree (the root
+    # included). Paths are right-padded to the longest: in a causal forward a row never sees what follows it.
+    paths = [tree.path_to(leaf) for leaf in range(tree.num_nodes) if not tree.children[leaf + 1]]
+    longest = max(len(path) for path in paths)
+    ids = torch.stack([torch.cat([prompt, tokens[path], prompt[:1].repeat(longest - len(path))]) for path in paths])
+    expected = target.decoder(input_ids=ids, use_cache=False).last_hidden_state[:, len(prompt) - 1:]
+    for path, path_states in zip(paths, expected):
+        for row, state in zip([0] + [node + 1 for node in path], path_states):
             difference = float((got[row] - state).abs().max() / state.abs().max().clamp_min(1.0))
             if difference > tolerance:
                 raise NotImplementedError(refusal.format(

@@ -17,7 +17,8 @@ rounds, num_prompts, max_new = (int(a) for a in sys.argv[1:4])
 heads = "examples/smollm2/heads" if sys.argv[4:] == ["medusa"] else "examples/smollm2/eagle"
 
 model, tokenizer, prompts = smollm2_chat(num_prompts, max_new)
+shapes, dtypes = (("default", "auto"), ("chain", None)), (("bf16", "auto"), ("fp32", None))
 specs = {f"{shape}, {name}": SelfSpecModel(model, heads=heads, tokenizer=tokenizer, tree_size=size, draft_dtype=dtype)
-         for shape, size in (("default", "auto"), ("chain", None)) for name, dtype in (("bf16", "auto"), ("fp32", None))}
+         for shape, size in shapes for name, dtype in dtypes}
 assert all(spec.draft_dtype is (torch.bfloat16 if "bf16" in name else None) for name, spec in specs.items())
 greedy_against_generate(model, tokenizer, specs, prompts, rounds, max_new)
