@@ -26,7 +26,8 @@ for name, routing in (("kernel routing (the engine's)", lambda: FewRowLinears(mo
         with routing():
             tf.check_tree_support(target)
         times.append(time.perf_counter() - start)
-    print(f"probe with {name}: median {statistics.median(times) * 1000:.0f} ms (all {[round(x * 1000) for x in times]})")
+    everything = [round(x * 1000) for x in times]
+    print(f"probe with {name}: median {statistics.median(times) * 1000:.0f} ms (all {everything})")
 ids = torch.arange(20)[None]
 with torch.no_grad():
     model(ids)
