@@ -98,7 +98,7 @@ def _off(methods: list[Method]) -> Method:
 def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> tuple[list[Method], dict]:
     """(the main table's methods, {drafter: SelfSpecModel drafting chains} for the sweep). selfspec drafters run at
     their defaults (trees where tree_size="auto" drafts them), plus a fixed num_draft_tokens row each with --fixed-k,
-    and with --chains, --kernel-off and --tree-size rows beside their defaults."""
+    and with --chains, --kernel-off, --draft-float32 and --tree-size rows beside their defaults."""
     model, eos, pad, n = loaded.model, loaded.eos_token_id, loaded.pad_token_id, settings.max_new_tokens
     layer, lookup = loaded.exit_layer, settings.prompt_lookup_tokens
     methods = [
@@ -142,6 +142,9 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
         if settings.kernel_off and drafter in extras:
             variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], few_row_kernel="off"),
                              " kernel off"))
+        if settings.draft_float32 and drafter in extras and spec.draft_dtype is not None:
+            variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], draft_dtype=None),
+                             f"{variants[0][1]} float32 drafter"))
         tree = trees.get(drafter)
         shape_of = lambda s: (s.tree_size, s.min_node_probability)  # noqa: E731
         if tree is not None and shape_of(tree) != shape_of(spec):  # a tree row the default already is: not run twice

@@ -27,6 +27,7 @@ class BenchSettings:
     tree_size: str | None = None
     chains: bool = False
     kernel_off: bool = False
+    draft_float32: bool = False
     prompt_lookup_tokens: int = 3
     skip: str | None = None
     max_new_tokens: int = 96
@@ -68,6 +69,9 @@ HELP = {
     "kernel_off": "also run the medusa and eagle drafters with few_row_kernel='off' (their verify forwards through "
                   "F.linear; 'auto' drafts chains there), beside their default rows: the share of the speedup that is "
                   "selfspec's few-row kernel",
+    "draft_float32": "also run the medusa and eagle drafters with draft_dtype=None (their own layers stream float32 "
+                     "weights, as before round 23; the default streams bfloat16 where the kernel runs), beside their "
+                     "default rows",
     "prompt_lookup_tokens": "transformers' prompt_lookup_num_tokens; 3 was its best on this project's CPU "
                             "(SmolLM2: 3 tokens 1.05x, 10 tokens 0.99x)",
     "skip": "comma-separated parts of main-table method names to leave out, e.g. 'transformers early exit' (0.19x "

@@ -297,9 +297,14 @@ def test_where_the_default_is_a_tree_chains_adds_chain_rows_and_the_sweep_keeps_
     verifies as chains. Medusa's default is a chain (no chain row beside it)."""
     from selfspec.bench.run import main_methods
 
-    methods, specs = main_methods(parse_args(["--chains", "--kernel-off"]), _loaded_with_heads(torch.float32), [])
+    methods, specs = main_methods(parse_args(["--chains", "--kernel-off", "--draft-float32"]),
+                                  _loaded_with_heads(torch.float32), [])
     by_name = {m.name: m for m in methods}
     assert by_name["selfspec eagle tree=10 (default)"].spec.tree_size == 10
+    assert by_name["selfspec eagle tree=10 (default)"].spec.draft_dtype is torch.bfloat16
+    float32_drafter = by_name["selfspec eagle tree=10 float32 drafter"].spec  # the default's shape, float32 weights
+    assert float32_drafter.tree_size == 10 and float32_drafter.draft_dtype is None
+    assert by_name["selfspec medusa float32 drafter"].spec.draft_dtype is None
     assert by_name["selfspec eagle chain"].spec.tree_size == 0
     assert by_name["selfspec eagle kernel off"].spec.tree_size == 0
     assert by_name["selfspec medusa (default)"].spec.tree_size == 0 and "selfspec medusa chain" not in by_name
