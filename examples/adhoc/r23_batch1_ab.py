@@ -45,7 +45,7 @@ for _ in range(rounds):
         for name in order:
             timed = call(*variants[name], prompt)
             seconds[name].append(timed.seconds)
-            tokens[name].append(timed.new[0])
+            tokens[name].append(timed.new_tokens[0])
 for dtype in ("bf16", "fp32"):
     ratios = [a / b for a, b in zip(seconds[f"alone, {dtype}"], seconds[f"batch of 1, {dtype}"])]
     same = sum(x == y for x, y in zip(tokens[f"alone, {dtype}"], tokens[f"batch of 1, {dtype}"]))
