@@ -38,7 +38,6 @@ from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
 from selfspec.draft_length import capped_choice, probe_in_shadow
-from selfspec.drafters import drafter_parameter_bytes
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
 from selfspec.inputs import check_lengths, is_chat
@@ -117,9 +116,9 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         rows.append(_Row(
             index, prompt, buffer, StopCondition(options.max_new_tokens, eos_ids, strings),
             _row_policy(spec, options), drafter, generator,
-            StatsRecorder(drafter_parameter_bytes(drafter, target), clock),
+            StatsRecorder(spec.drafter_bytes(drafter), clock),
         ))
-    total = GenerationStats(drafter_parameter_bytes=drafter_parameter_bytes(spec.drafter, target))
+    total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
     return prompts, spec.engine_steps(pieces), [row.recorder.stats for row in rows], total
 

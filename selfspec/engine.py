@@ -134,6 +134,12 @@ class SelfSpecModel:
         """The heads the drafter owns: MedusaHeads or an EagleHead (None for other drafters)."""
         return getattr(self.drafter, "heads", None) or getattr(self.drafter, "head", None)
 
+    def drafter_bytes(self, drafter=None) -> int:
+        """Memory the drafter (this wrapper's, or `drafter`, one of a batch's rows) adds to the model: its parameters
+        (`drafters.drafter_parameter_bytes`) and the bfloat16 copies of its weights `draft_dtype` streams."""
+        copies = self.few_row_linears.draft_copy_bytes if self.few_row_linears is not None else 0
+        return drafter_parameter_bytes(drafter or self.drafter, self.target) + copies
+
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
                         tree_size="auto", few_row_kernel="auto", draft_dtype="auto", **model_kwargs):
@@ -270,7 +276,7 @@ class SelfSpecModel:
         generator = options.generator
         if generator is None and options.seed is not None:
             generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
-        recorder = StatsRecorder(drafter_parameter_bytes(self.drafter, self.target), self.clock)
+        recorder = StatsRecorder(self.drafter_bytes(), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
         return prompt, self.engine_steps(pieces), recorder.stats
 

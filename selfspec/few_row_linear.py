@@ -155,6 +155,8 @@ class FewRowLinears:
         self.forwards = [(layer, _forward_of(layer, kernel)) for layer in target_layers]
         self.forwards += [(layer, _bf16_forward_of(layer, half_kernel) if half_kernel else _forward_of(layer, kernel))
                           for layer in draft_layers]
+        # memory the bfloat16 copies of the draft layers' weights take once made (at their first routed product)
+        self.draft_copy_bytes = sum(layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
 
     def __enter__(self):
         for layer, forward in self.forwards:

@@ -24,7 +24,8 @@ class GenerationStats:
     accepted_by_position: list[int] = field(default_factory=list)  # [i]: of those, how many were accepted
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
-    # bytes of the parameters the drafter adds to the model (heads, exit adapter, the LM head rows of a draft vocabulary)
+    # bytes the drafter adds to the model: its parameters (heads, exit adapter, the LM head rows of a draft vocabulary)
+    # and the bfloat16 copies of their weights the few-row kernel streams (`draft_dtype`)
     drafter_parameter_bytes: int = 0
     peak_cache_bytes: int = 0  # largest storage of the KV cache tensors, taken after each step (KVCache.nbytes)
 

@@ -134,7 +134,7 @@ def test_stats_report_heads_and_peak_cache_bytes():
     model = scrambled_model("llama", seed=4).float()  # 2 layers, 2 KV heads of 8 dims
     prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
     heads = trained_heads(model, greedy_sequences(model, [prompt], 12), num_heads=3)  # right early, wrong later
-    engine = SelfSpecModel(model, drafter="medusa", heads=heads, min_draft_confidence=0.0)
+    engine = SelfSpecModel(model, drafter="medusa", heads=heads, min_draft_confidence=0.0, draft_dtype=None)
     stats = engine.generate(prompt, max_new_tokens=20, eos_token_id=[], num_draft_tokens=3).stats
     assert_exercised(stats)  # drafts were written into the cache, and rejected ones rolled back
     assert stats.heads_bytes == sum(p.numel() * 4 for p in heads.parameters()) > 0
@@ -161,9 +161,28 @@ def test_stats_count_the_lm_head_rows_a_draft_vocabulary_projects_onto():
     own = MedusaHeads.for_model(model, num_heads=2, share_lm_head=False, draft_vocab=vocab)
     eagle = EagleHead.for_model(model, draft_vocab=vocab)
     for heads, drafter, rows in ((shared, "medusa", row_bytes), (own, "medusa", 0), (eagle, "eagle", row_bytes)):
-        engine = SelfSpecModel(model, drafter=drafter, heads=heads)
+        engine = SelfSpecModel(model, drafter=drafter, heads=heads, draft_dtype=None)
         params = sum(p.numel() * 4 for p in heads.parameters())
         assert engine.generate(prompt, max_new_tokens=4).stats.drafter_parameter_bytes == params + rows
         batch = engine.generate([prompt[0], prompt[0, :5]], max_new_tokens=4, eos_token_id=[])
         assert batch.stats.drafter_parameter_bytes == params + rows
         assert all(row.drafter_parameter_bytes == params + rows for row in batch.row_stats)
+
+
+@pytest.mark.usefixtures("needs_kernel")
+def test_stats_count_the_bfloat16_copies_a_drafter_streams():
+    # draft_dtype="auto" on a float32 model where the few-row kernel runs keeps a bfloat16 copy of every weight of the
+    # drafter's linear layers (heads and draft-vocabulary rows): memory the drafter adds too
+    model = scrambled_model("llama", seed=4).float()
+    prompt = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    vocab = torch.arange(0, 40, 2)
+    eagle = EagleHead.for_model(model, draft_vocab=vocab)
+    engine = SelfSpecModel(model, heads=eagle)
+    assert engine.draft_dtype is torch.bfloat16
+    linear_weights = sum(m.weight.numel() for m in eagle.modules() if isinstance(m, torch.nn.Linear))
+    rows = vocab.numel() * model.config.hidden_size
+    expected = sum(p.numel() * 4 for p in eagle.parameters()) + rows * 4 + (linear_weights + rows) * 2
+    assert engine.generate(prompt, max_new_tokens=4).stats.drafter_parameter_bytes == expected
+    batch = engine.generate([prompt[0], prompt[0, :5]], max_new_tokens=4, eos_token_id=[])
+    assert batch.stats.drafter_parameter_bytes == expected
+    assert all(row.drafter_parameter_bytes == expected for row in batch.row_stats)
