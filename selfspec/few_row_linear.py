@@ -153,7 +153,7 @@ class FewRowLinears:
         draft_layers = [layer for layer in _linear_layers(draft_modules) if id(layer) not in own] if kernel else []
         half_kernel = _load_bf16()[0] if draft_bfloat16 and draft_layers else None
         self.forwards = [(layer, _forward_of(layer, kernel)) for layer in target_layers]
-        self.forwards += [(layer, _bf16_forward_of(layer, half_kernel) if half_kernel else _forward_of(layer, kernel))
+        self.forwards += [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None))
                           for layer in draft_layers]
         # memory the bfloat16 copies of the draft layers' weights take once made (at their first routed product)
         self.draft_copy_bytes = sum(layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
@@ -182,39 +182,29 @@ def _linear_layers(modules) -> list[torch.nn.Linear]:
     return list(layers.values())
 
 
-def _forward_of(layer: torch.nn.Linear, kernel):
+def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
     falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so it reads the parameters from the
     module's dict (nn.Module's attribute lookup cost ~1.5 us each on round 17's CPU) and does not copy a contiguous
     input (the whole check and call ~20 us before, ~10-12 us now); a weight that is not a registered parameter
-    (pruning replaces it by a plain attribute) goes through F.linear."""
-    k_dim = layer.in_features
+    (pruning replaces it by a plain attribute) goes through F.linear.
+    bfloat16 (a drafter's layer, `kernel` the bfloat16-weight entry point): products over 1..MAX_ROWS rows (a
+    drafter's one-row products are not plain decoding) with a bfloat16 copy of the weight, made at first use and
+    again whenever the weight's storage or version changes."""
+    k_dim, min_rows, copy = layer.in_features, 1 if bfloat16 else MIN_ROWS, {}
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         parameters = layer._parameters
         weight, bias = parameters.get("weight"), parameters.get("bias")
-        if not MIN_ROWS <= x.numel() // k_dim <= MAX_ROWS or not _kernel_takes(layer, x, weight, bias):
+        if not min_rows <= x.numel() // k_dim <= MAX_ROWS or not _kernel_takes(layer, x, weight, bias):
             return F.linear(x, layer.weight, layer.bias)
+        if bfloat16:
+            key = (weight.data_ptr(), weight._version)
+            if copy.get("key") != key:
+                copy["key"], copy["weight"] = key, weight.detach().to(torch.bfloat16).contiguous()
+            weight = copy["weight"]
         return _run(kernel, x, weight, bias)
-    return forward
-
-
-def _bf16_forward_of(layer: torch.nn.Linear, kernel):
-    """A drafter layer's forward: its products over 1..MAX_ROWS rows through the kernel with a bfloat16 copy of its
-    weight (made at first use and again whenever the weight's storage or version changes), everything else as
-    `_forward_of`'s F.linear."""
-    k_dim, copy = layer.in_features, {}
-
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        parameters = layer._parameters
-        weight, bias = parameters.get("weight"), parameters.get("bias")
-        if not 1 <= x.numel() // k_dim <= MAX_ROWS or not _kernel_takes(layer, x, weight, bias):
-            return F.linear(x, layer.weight, layer.bias)
-        key = (weight.data_ptr(), weight._version)
-        if copy.get("key") != key:
-            copy["key"], copy["weight"] = key, weight.detach().to(torch.bfloat16).contiguous()
-        return _run(kernel, x, copy["weight"], bias)
     return forward
 
 
