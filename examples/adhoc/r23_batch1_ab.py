@@ -4,7 +4,6 @@ benchmark's settings): a batch of one prompt (`generate([prompt])`, the batched 
 bfloat16 (`draft_dtype="auto"`, the default) and in float32 (`draft_dtype=None`), paired and interleaved in a random
 order per prompt and round. Round 23's batch benchmark read batch 1 at 0.92x of one by one (round 21: 0.98x).
 Usage: python examples/adhoc/r23_batch1_ab.py ROUNDS NUM_PROMPTS"""
-import random
 import statistics
 import sys
 
@@ -15,6 +14,7 @@ from selfspec import SelfSpecModel
 from selfspec.bench.batch import parse_args, selfspec_batch, selfspec_one_by_one
 from selfspec.bench.prompts import prompt_ids, prompt_texts
 from selfspec.loading import load_model, load_tokenizer
+from harness import interleaved  # examples/adhoc/harness.py
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -36,16 +36,9 @@ def call(how, spec, prompt):
 
 for how, spec in variants.values():  # warm-up
     call(how, spec, prompts[0][:, -16:])
-seconds, tokens = {name: [] for name in variants}, {name: [] for name in variants}
-rng = random.Random(0)
-for _ in range(rounds):
-    for prompt in prompts:
-        order = list(variants)
-        rng.shuffle(order)
-        for name in order:
-            timed = call(*variants[name], prompt)
-            seconds[name].append(timed.seconds)
-            tokens[name].append(timed.new_tokens[0])
+results = list(interleaved(list(variants), prompts, rounds, lambda name, prompt: call(*variants[name], prompt)))
+seconds = {name: [r[name].seconds for r in results] for name in variants}
+tokens = {name: [r[name].new_tokens[0] for r in results] for name in variants}
 for dtype in ("bf16", "fp32"):
     ratios = [a / b for a, b in zip(seconds[f"alone, {dtype}"], seconds[f"batch of 1, {dtype}"])]
     same = sum(x == y for x, y in zip(tokens[f"alone, {dtype}"], tokens[f"batch of 1, {dtype}"]))
