@@ -18,7 +18,7 @@ class BatchDraftLength:
     """Choose one draft width w (0 .. max_draft_tokens) per step for the whole batch; row r drafts min(w, cap_r).
 
     Objective: sum_r row_r.expected_tokens(min(w, cap_r)) / step_cost, where step_cost, in one-token decodes of one
-    row, is cost_curve(B * (1 + width) - 1) + overhead.predict(sum_r min(w, cap_r), B), and width
+    row, is cost_curve(B * (1 + width) - 1) + overhead.per_step + overhead.per_token * sum_r min(w, cap_r), and width
     = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` over the padded
     forward's tokens - 1, taught only by batches' verify forwards (never the one-sequence curve kept on disk): the
     engine passes its own (`SelfSpecModel.batch_verify_cost`, kept between batches and processes, so a batch starts
@@ -56,9 +56,8 @@ class BatchDraftLength:
     (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried again: at w = 0 nothing else
     re-measures wider widths (probes are scored in shadow). 64 is a choice, not measured.
 
-    `overhead`: where the step's cost beyond its forward is learned (a `BatchStepOverhead`: a step that drafts pays a
-    fixed cost a plain one does not); the engine passes its wrapper's, kept across batches as the curve is
-    (`SelfSpecModel.batch_step_overhead`). A fresh one per batch priced drafting at 0 per
+    `overhead`: where the step's cost beyond its forward is learned; the engine passes its wrapper's, kept across
+    batches as the curve is (`SelfSpecModel.batch_step_overhead`). A fresh one per batch priced drafting at 0 per
     drafted token until its steps taught otherwise: on the reference model at batch 8 (a drafting step 1.44-1.52x a
     plain one, ~0.1 one-row decodes per drafted token beyond the forward) each 96-token call drafted w = 2-5 for its
     first 30-40 steps (round 17, `examples/adhoc/r17_batch8_trace.py`).
@@ -76,7 +75,7 @@ class BatchDraftLength:
                  max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
                  cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
                  seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64,
-                 overhead: BatchStepOverhead | None = None, rates: MeasuredRates | None = None):
+                 overhead: StepOverhead | None = None, rates: MeasuredRates | None = None):
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
@@ -86,7 +85,7 @@ class BatchDraftLength:
         # (rows, 1 + width) blocks whose first forward ran: later ones are measurements (shared with the cost curve's
         # other batches, like the engine's set for one sequence's draft sizes)
         self.seen_shapes = set() if seen_shapes is None else seen_shapes
-        self.overhead = BatchStepOverhead(decay) if overhead is None else overhead  # (the engine's: kept across calls)
+        self.overhead = StepOverhead(decay) if overhead is None else overhead  # (the engine's: kept across batches)
         self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
         self.explore_every = explore_every
@@ -112,7 +111,8 @@ class BatchDraftLength:
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""
-        return self.cost_curve(num_rows * (1 + width) - 1) + self.overhead.predict(num_drafted, num_rows)
+        forward = self.cost_curve(num_rows * (1 + width) - 1)
+        return forward + self.overhead.per_step + num_drafted * self.overhead.per_token
 
     def choose(self, rows: list[tuple[AdaptiveDraftLength, int]]) -> int:
         """rows: (the row's acceptance estimates, the most drafts it may take this step) -> the width w; the
@@ -186,71 +186,7 @@ class BatchDraftLength:
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
         if decode_seconds > 0:
             overhead = max(0.0, step_seconds - verify_seconds) / decode_seconds
-            expected = self.overhead.predict(sum(drafted), len(drafted))
-            self.overhead.observe(sum(drafted), clipped(overhead, expected), len(drafted))
-
-
-class BatchStepOverhead:
-    """What a batch step costs beyond its verify forward, in one-row decodes: a step that drafts nothing pays a plain
-    step's cost, a step that drafts pays a drafting step's (per step + per drafted token), each a `StepOverhead`
-    learned from its own kind of steps only (a probe scored in shadow drafts: it is a drafting step), and each kept per
-    number of rows in the step (`by_rows`) as well as over all steps (`plain`, `drafting`: what a number of rows not
-    timed yet in that kind of step is priced by).
-
-    Why two kinds and not one line through both: a drafting step pays a cost that does not grow with what it drafts
-    (the drafter's call over every row, each row's verification), which a plain step does not pay. Measured on the
-    reference model at batch 8 (round 24, Intel Xeon, `examples/adhoc/r24_batch_overhead.py`): 1.8 ms beyond the
-    forward at w = 0, 3.6-4.7 ms at w = 1-4 whatever the width, against a 10-13 ms forward. One line through both read
-    that fixed cost as every step's (0.16-0.29 decodes per step, 0.02-0.06 per drafted token), so w = 0 was charged
-    for drafting it did not do and the planner drafted w = 2 for whole calls that ran at 0.92x of a fixed k = 0.
-    Why per number of rows: both costs grow with the rows (each row is drafted for and verified), and a wrapper's
-    batches of 4 draft where its batches of 16 only probe; pooled, the drafting cost its batches of 16 timed priced
-    its batches of 4 (SmolLM2 with its EAGLE head, round 24: batch 4 ran at 0.88x of no drafts where it had run at
-    0.77x).
-    A drafting step is never priced below a plain one (it does all a plain step does); before any step of one kind
-    was timed, it is priced as the other kind (drafting at the plain cost plus `per_token` per drafted token).
-    """
-
-    def __init__(self, decay: float = 0.9, per_token: float = 0.0):
-        self.decay, self.prior_per_token = decay, per_token
-        self.plain, self.drafting = self._new_pair()
-        self.by_rows: dict[int, tuple[StepOverhead, StepOverhead]] = {}  # rows -> (plain, drafting)
-
-    def _new_pair(self) -> tuple[StepOverhead, StepOverhead]:
-        return StepOverhead(self.decay), StepOverhead(self.decay, per_token=self.prior_per_token)
-
-    @property
-    def n(self) -> float:
-        """Decayed count of the steps it learned from (both kinds)."""
-        return self.plain.n + self.drafting.n
-
-    @property
-    def per_step(self) -> float:
-        """What a step that drafts nothing is expected to cost beyond its forward (over all numbers of rows)."""
-        return self.predict(0)
-
-    @property
-    def per_token(self) -> float:
-        return self.drafting.per_token
-
-    def predict(self, num_drafted: int, num_rows: int | None = None) -> float:
-        own = self.by_rows.get(num_rows, (None, None))
-        plain, drafting = (mine if mine is not None and mine.n else pooled
-                           for mine, pooled in zip(own, (self.plain, self.drafting)))
-        if not drafting.n:
-            return plain.per_step + num_drafted * drafting.per_token
-        drafting_cost = drafting.predict(num_drafted)
-        if not plain.n:
-            return drafting_cost if num_drafted else drafting.per_step
-        return plain.per_step if num_drafted == 0 else max(plain.per_step, drafting_cost)
-
-    def observe(self, num_drafted: int, residual: float, num_rows: int | None = None) -> None:
-        kind = 1 if num_drafted else 0
-        fits = [(self.plain, self.drafting)[kind]]
-        if num_rows is not None:
-            fits.append(self.by_rows.setdefault(num_rows, self._new_pair())[kind])
-        for fit in fits:
-            fit.observe(num_drafted, residual)
+            self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))
 
 
 class MeasuredRates:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.attention_backends import engine_attention
-from selfspec.batch_draft_length import BatchStepOverhead, MeasuredRates
+from selfspec.batch_draft_length import MeasuredRates
 from selfspec.draft_length import (
-    MAX_DRAFT_TOKENS, AdaptiveDraftLength, capped_choice, draft_length_policy, probe_asked,
+    MAX_DRAFT_TOKENS, AdaptiveDraftLength, StepOverhead, capped_choice, draft_length_policy, probe_asked,
     probe_in_shadow,
 )
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
@@ -117,7 +117,7 @@ class SelfSpecModel:
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
-        self._batch_overhead = BatchStepOverhead(decay=0.9)  # a batch step's cost beyond its forward
+        self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
         # nodes per step (0: chains); why "auto" chose chains (None when it did not, or for an explicit size)
@@ -175,11 +175,11 @@ class SelfSpecModel:
                                                                 few_row_kernel=self.few_row_kernel)
         return self._batch_verify_cost
 
-    def batch_step_overhead(self) -> BatchStepOverhead:
-        """What a batch's step costs beyond its verify forward (a plain step's; a drafting step's per step and per
-        drafted token: the drafter, each row's verification; `BatchStepOverhead`), in one-row decodes: learned from
-        every batch's timed steps and shared by this wrapper's batches, as their cost curve is (in memory only: it
-        depends on the prompts' lengths and the process as much as on the device)."""
+    def batch_step_overhead(self) -> StepOverhead:
+        """What a batch's step costs beyond its verify forward (per step, and per drafted token: the drafter, each row's
+        verification), in one-row decodes: learned from every batch's timed steps and shared by this wrapper's batches,
+        as their cost curve is (in memory only: it depends on the prompts' lengths and the process as much as on the
+        device)."""
         return self._batch_overhead
 
     def batch_rates(self) -> MeasuredRates:
