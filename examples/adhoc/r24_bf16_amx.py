@@ -16,10 +16,10 @@ import time
 
 import torch
 import transformers
+from harness import greedy_against_generate, smollm2_chat  # examples/adhoc/harness.py
 
 from selfspec import SelfSpecModel
 from selfspec.few_row_linear import FewRowLinears
-from harness import greedy_against_generate, smollm2_chat  # examples/adhoc/harness.py
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -52,21 +52,19 @@ def row_costs(net, routing) -> dict[int, float]:
     return {n: statistics.median(t) for n, t in times.items()}
 
 
-bf16_model = None
 if repeats:
     curves = {"float32, F.linear": row_costs(model, contextlib.nullcontext),
               "float32, few-row kernel": row_costs(model, lambda: FewRowLinears(model))}
-    bf16_model = model.to(torch.bfloat16)
-    curves["bfloat16, F.linear"] = row_costs(bf16_model, contextlib.nullcontext)
+    curves["bfloat16, F.linear"] = row_costs(model.to(torch.bfloat16), contextlib.nullcontext)
     one_row = curves["float32, F.linear"][1]
     print(f"forward over n new tokens after {CONTEXT} cached, {repeats} rounds, relative to its own one-token forward")
     print(f"{'':26s}" + "".join(f"{n:>7d}" for n in ROWS) + "   one token vs float32 F.linear")
     for name, curve in curves.items():
         print(f"{name:26s}" + "".join(f"{curve[n] / curve[1]:7.2f}" for n in ROWS) + f"   {curve[1] / one_row:.2f}")
 if rounds:
-    bf16_model = bf16_model if bf16_model is not None else model.to(torch.bfloat16)
-    specs = {name: SelfSpecModel(bf16_model, heads="examples/smollm2/eagle", tokenizer=tokenizer, tree_size=size)
+    model.to(torch.bfloat16)  # (in place, as in part 1: nn.Module.to casts the module itself)
+    specs = {name: SelfSpecModel(model, heads="examples/smollm2/eagle", tokenizer=tokenizer, tree_size=size)
              for name, size in (("defaults", "auto"), ("chain", None), ("tree 10", 10), ("tree 24", 24))}
     for name, spec in specs.items():
         print(f"{name}: tree_size {spec.tree_size}, chain_reason {spec.chain_reason!r}")
-    greedy_against_generate(bf16_model, tokenizer, specs, prompts[:num_prompts], rounds, max_new_tokens)
+    greedy_against_generate(model, tokenizer, specs, prompts[:num_prompts], rounds, max_new_tokens)
