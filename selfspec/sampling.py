@@ -131,8 +131,35 @@ class WarpedRows:
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """[..., vocab] -> [...] argmax over the logits rounded to float32, exactly as `generate(do_sample=False)` picks
-    (it casts to float32 first, so even a float64 model is compared in float32; ties go to the lowest id)."""
-    return logits.to(torch.float32).argmax(dim=-1)
+    (it casts to float32 first, so even a float64 model is compared in float32; ties go to the lowest id). On a CPU
+    through `blocked_argmax` (the same ids, faster)."""
+    scores = logits.to(torch.float32)
+    if scores.device.type != "cpu" or scores.shape[-1] < 2 * ARGMAX_BLOCK:
+        return scores.argmax(dim=-1)
+    return blocked_argmax(scores)
+
+
+# Elements per block of `blocked_argmax`: 128 was the fastest of 32 / 64 / 128 / 256 on round 25's Intel Xeon (one
+# thread) over 1-24 rows of 8,192 and 49,152 logits, 64 within 10 % of it but at 11 rows of 49,152 (237 vs 146 us).
+ARGMAX_BLOCK = 128
+
+
+def blocked_argmax(scores: torch.Tensor, block: int = ARGMAX_BLOCK) -> torch.Tensor:
+    """[..., n] -> [...] what `scores.argmax(dim=-1)` gives (the first index of the maximum; a NaN counts as the
+    maximum there, and here), in two passes a CPU vectorises: every block's maximum (`amax`), then the first block
+    holding the row's maximum and the first index of it inside that block (argmax over n / block and block
+    elements). torch's CPU argmax reads ~2-3 ns an element on round 25's Intel Xeon, amax ~0.2: verifying a tree
+    of 10 on SmolLM2 (11 rows of 49,152 logits) took its argmax 1.2-1.5 ms, this 0.15 ms; 24 rows of the reference
+    model's 8,192: 0.45 ms, 0.07 ms; one row of 49,152: 0.11 ms, 0.03 ms. A row length that is not a multiple of
+    `block` is padded with -inf (never the first maximum: a -inf row's is its index 0)."""
+    shape, n = scores.shape[:-1], scores.shape[-1]
+    flat = scores.reshape(-1, n)
+    if n % block:
+        flat = torch.nn.functional.pad(flat, (0, block - n % block), value=-math.inf)
+    blocks = flat.view(flat.shape[0], flat.shape[1] // block, block)  # [rows, n / block, block]
+    first_block = blocks.amax(dim=-1).argmax(dim=-1)  # [rows] the first block holding the row's maximum
+    rows = torch.arange(flat.shape[0], device=flat.device)
+    return (first_block * block + blocks[rows, first_block].argmax(dim=-1)).reshape(shape)
 
 
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -23,11 +23,18 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
 
     draft_tokens: [num_draft_tokens]; target_logits: [num_draft_tokens + 1, vocab] (row i scores position i).
     """
-    target_tokens = greedy_tokens(target_logits)  # [num_draft_tokens + 1]
-    num_draft_tokens = draft_tokens.shape[0]
-    mismatch = (draft_tokens != target_tokens[:num_draft_tokens]).nonzero()
-    num_accepted = int(mismatch[0, 0]) if mismatch.numel() else num_draft_tokens
-    return Verdict(num_accepted, int(target_tokens[num_accepted]))
+    return accept_greedy(draft_tokens.tolist(), greedy_tokens(target_logits).tolist())
+
+
+def accept_greedy(draft_tokens: list[int], target_tokens: list[int]) -> Verdict:
+    """`verify_greedy` on the target's argmax already taken: target_tokens[i] is its argmax at position i
+    (num_draft_tokens + 1 of them). A batch takes every row's argmax in one call and verifies each row with this."""
+    num_accepted = 0
+    for draft_token, target_token in zip(draft_tokens, target_tokens):
+        if draft_token != target_token:
+            break
+        num_accepted += 1
+    return Verdict(num_accepted, target_tokens[num_accepted])
 
 
 def verify_sampled(

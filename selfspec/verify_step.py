@@ -15,11 +15,16 @@ from selfspec.tree import DraftTree
 from selfspec.tree_cache import keep_path, path_offsets
 from selfspec.tree_forward import tree_forward
 from selfspec.tree_verifier import verify_tree_greedy, verify_tree_sampled
-from selfspec.verifier import Verdict, probe_accepted, verify_greedy, verify_sampled
+from selfspec.verifier import Verdict, accept_greedy, probe_accepted, verify_greedy, verify_sampled
 
 
-def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator) -> Verdict:
+def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator,
+           target_tokens: list[int] | None = None) -> Verdict:
+    """A chain's verdict. target_tokens: greedy, the target's argmax at each row of target_logits when the caller
+    took it already (a batch, for all its rows in one call); None: taken here."""
     if sampling.greedy:
+        if target_tokens is not None:
+            return accept_greedy(draft.tokens.tolist(), target_tokens)
         return verify_greedy(draft.tokens, target_logits)
     return verify_sampled(draft.tokens, draft.probs, WarpedRows(target_logits, sampling), generator)
 

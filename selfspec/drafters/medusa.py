@@ -16,7 +16,7 @@ from selfspec.drafters.base import (
     Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
 )
 from selfspec.drafters.tree_select import ROOT, TreeCandidates, score_floor
-from selfspec.sampling import top_probability
+from selfspec.sampling import greedy_tokens, top_probability
 
 
 class MedusaDrafter:
@@ -81,8 +81,23 @@ class MedusaDrafter:
             logits = self.heads(hidden, project, max(ks))  # [B, max k, N or vocab]
         if draft_vocab is not None and not self.heads.config.share_lm_head:
             logits = logits[..., draft_vocab]  # own full-vocabulary projections: keep the draft vocabulary's columns
+        if len(contexts) > 1 and all(c.sampling.greedy and not c.tree_size for c in contexts):
+            return self._greedy_chains(logits, ks, contexts[0].token_ids.device)
         return [self._draft(row_logits[:k], context) if k else Draft.empty(context.token_ids.device)
                 for row_logits, k, context in zip(logits, ks, contexts)]
+
+    def _greedy_chains(self, logits: torch.Tensor, ks: list[int], device) -> list[Draft]:
+        """[B, max k, N] every row's heads' logits -> each row's greedy chain of up to ks[r] tokens, what `_draft`
+        gives it alone, from one argmax and one softmax over all rows (8 rows of 2 heads over the reference model's
+        8,192 logits: 0.74 ms row by row, 0.32 ms so; round 25's Intel Xeon, one thread)."""
+        tokens = greedy_tokens(logits)  # [B, max k]
+        if self.heads.draft_vocab is not None:
+            tokens = self.heads.draft_vocab[tokens]
+        lengths = ks
+        if self.min_draft_confidence:  # each row's heads up to its first unsure one
+            sure = ~(top_probability(logits, None) < self.min_draft_confidence)  # [B, max k], as `_draft` compares
+            lengths = [min(k, n) for k, n in zip(ks, sure.int().cumprod(dim=-1).sum(dim=-1).tolist())]
+        return [Draft(row_tokens[:n]) if n else Draft.empty(device) for row_tokens, n in zip(tokens, lengths)]
 
     def _draft(self, logits: torch.Tensor, context: DraftContext) -> Draft:
         """[k, N] the first k heads' logits for one sequence -> its draft (a chain, or a tree when asked)."""

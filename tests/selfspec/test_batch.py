@@ -7,6 +7,7 @@ import torch
 from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.batch import is_prompt_batch
+from selfspec.drafters.base import Draft, DraftContext
 from selfspec.sampling import SamplingConfig
 from tests.selfspec.scripted_time import scripted_batch_clock
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -154,6 +155,35 @@ def test_medusa_heads_run_once_per_step_for_all_rows():
             assert_exercised(out.row_stats, what=f"medusa batch {options}")
     finally:
         hook.remove()
+
+
+def test_medusa_greedy_rows_at_once_equal_each_rows_own_draft():
+    """Greedy rows are drafted from one argmax and one softmax over all rows (`MedusaDrafter._greedy_chains`); each
+    row's draft equals what `_draft` draws for it from the same logits, at a confidence floor equal to one head's
+    confidence (kept: the floor is "below it, stop") and with rows asked for 0 .. 4 drafts. Catches (planted): the
+    floor compared with <=, the sure heads counted past the first unsure one, a row's own k ignored."""
+    spec = engine("llama", "medusa")
+    drafter, target = spec.drafter, spec.target
+    generator = torch.Generator().manual_seed(3)
+    hidden = torch.randn(6, spec.model.config.hidden_size, dtype=spec.model.dtype, generator=generator)
+    ks = [4, 3, 0, 4, 2, 1]
+    contexts = [DraftContext(torch.tensor([1, 2]), h, h[None], k, SamplingConfig(), None, target, None)
+                for h, k in zip(hidden, ks)]
+    with torch.no_grad():
+        logits = drafter.heads(hidden, target.logits, max(ks))  # [rows, heads, vocab], as propose_rows runs them
+    confidence = logits.float().softmax(dim=-1).amax(dim=-1)  # [rows, heads]
+    cuts = set()
+    try:
+        for floor in (0.0, float(confidence.flatten().sort().values[11]), 1.0):
+            drafter.min_draft_confidence = floor
+            got = drafter.propose_rows(contexts)
+            alone = [drafter._draft(row[:k], c) if k else Draft.empty("cpu") for row, k, c in zip(logits, ks, contexts)]
+            assert [d.tokens.tolist() for d in got] == [d.tokens.tolist() for d in alone], floor
+            assert all(d.probs is None for d in got)
+            cuts |= {(k, d.num_draft_tokens) for k, d in zip(ks, got)}
+    finally:
+        drafter.min_draft_confidence = 0.0
+    assert any(0 < n < k for k, n in cuts) and any(n == k > 0 for k, n in cuts)  # chains cut mid-way, and kept whole
 
 
 def test_sampled_rows_follow_the_model_law():

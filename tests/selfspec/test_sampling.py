@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from selfspec.sampling import SamplingConfig, greedy_tokens, logits_to_probs, warp_logits
+from selfspec.sampling import ARGMAX_BLOCK, SamplingConfig, greedy_tokens, logits_to_probs, warp_logits
 
 SETTINGS = [
     dict(temperature=1.0),
@@ -97,6 +97,29 @@ def test_greedy_is_float32_argmax_first_index_on_ties():
     assert greedy_tokens(close).tolist() == [0]
     onehot = logits_to_probs(logits, SamplingConfig())
     assert onehot.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_greedy_on_wide_rows_is_float32_argmax_first_index_on_ties():
+    """Rows wide enough for `blocked_argmax` (on a CPU): the ids `torch.argmax` gives, with ties inside a block and
+    across blocks, NaNs (argmax takes the first), rows of -inf, a width that is not a multiple of the block, float64
+    values tied in float32, and no rows at all. Catches (planted): the last block holding the maximum (amax's
+    argmax on reversed blocks), padding with 0 instead of -inf, the block's max index without the block's offset."""
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        width = int(torch.randint(2 * ARGMAX_BLOCK, 5 * ARGMAX_BLOCK, (1,), generator=generator))
+        logits = torch.randint(-3, 4, (4, width), generator=generator).to(torch.float64)  # ties everywhere
+        column = int(torch.randint(0, width, (1,), generator=generator))
+        if trial % 4 == 1:
+            logits[0, column] = math.nan
+        elif trial % 4 == 2:
+            logits[1] = -math.inf
+            logits[2] = -3.0 - torch.rand(width, generator=generator, dtype=torch.float64)  # all below the padding's 0
+        elif trial % 4 == 3:
+            logits[3, column] = 3.0 + 1e-12  # rounds to 3.0 in float32: a tie, not a new maximum
+        assert torch.equal(greedy_tokens(logits), logits.float().argmax(dim=-1)), trial
+    assert torch.equal(greedy_tokens(logits[:0]), logits[:0].float().argmax(dim=-1))
+    assert torch.equal(greedy_tokens(logits[None]), logits.float().argmax(dim=-1)[None])  # leading dimensions kept
+    assert greedy_tokens(logits[0]).shape == ()
 
 
 @pytest.mark.parametrize(
