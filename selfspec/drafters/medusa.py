@@ -95,8 +95,7 @@ class MedusaDrafter:
             tokens = self.heads.draft_vocab[tokens]
         lengths = ks
         if self.min_draft_confidence:  # each row's heads up to its first unsure one
-            sure = ~(top_probability(logits, None) < self.min_draft_confidence)  # [B, max k], as `_draft` compares
-            lengths = [min(k, n) for k, n in zip(ks, sure.int().cumprod(dim=-1).sum(dim=-1).tolist())]
+            lengths = [min(k, n) for k, n in zip(ks, self._sure_heads(top_probability(logits, None)).tolist())]
         return [Draft(row_tokens[:n]) if n else Draft.empty(device) for row_tokens, n in zip(tokens, lengths)]
 
     def _draft(self, logits: torch.Tensor, context: DraftContext) -> Draft:
@@ -105,13 +104,15 @@ class MedusaDrafter:
             return self._propose_tree(logits, context)
         tokens, draft_probs = draw_draft(logits, context, self.heads.draft_vocab)  # [k], [k, vocab] or None
         if self.min_draft_confidence:
-            confidence = top_probability(logits, draft_probs)  # [k]
             # Only the number proposed changes (not which tokens, nor their law): the verifier stays exact.
-            unsure = (confidence < self.min_draft_confidence).nonzero()
-            if unsure.numel():
-                keep = int(unsure[0, 0])
-                tokens, draft_probs = tokens[:keep], None if draft_probs is None else draft_probs[:keep]
+            keep = int(self._sure_heads(top_probability(logits, draft_probs)))
+            tokens, draft_probs = tokens[:keep], None if draft_probs is None else draft_probs[:keep]
         return Draft(tokens, draft_probs)
+
+    def _sure_heads(self, confidence: torch.Tensor) -> torch.Tensor:
+        """[..., k] the heads' confidences -> [...] how many lead before the first one below `min_draft_confidence`
+        (all k when none is): the heads a draft keeps, a chain's length or a tree's depth."""
+        return (~(confidence < self.min_draft_confidence)).int().cumprod(dim=-1).sum(dim=-1)
 
     def max_tree_nodes(self, depth: int, tree_size: int) -> int:
         """The most nodes a tree of at most `depth` levels holds: every head's top k, all their paths, the best N."""
@@ -123,8 +124,7 @@ class MedusaDrafter:
         tokens, log_probs = top_draft_tokens(logits, context, self.tree_top_k, self.heads.draft_vocab)  # [depth, k]
         depth = tokens.shape[0]
         if self.min_draft_confidence:  # heads up to the first unsure one, as for a chain
-            unsure = (log_probs[:, 0].exp() < self.min_draft_confidence).nonzero()
-            depth = int(unsure[0, 0]) if unsure.numel() else depth
+            depth = int(self._sure_heads(log_probs[:, 0].exp()))
         candidates = TreeCandidates(tokens.device)
         ids = torch.full((1,), ROOT, dtype=torch.long, device=tokens.device)  # [F] the nodes to expand
         scores = log_probs.new_zeros(1)  # [F] their cumulative log draft probabilities

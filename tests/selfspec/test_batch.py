@@ -160,8 +160,10 @@ def test_medusa_heads_run_once_per_step_for_all_rows():
 def test_medusa_greedy_rows_at_once_equal_each_rows_own_draft():
     """Greedy rows are drafted from one argmax and one softmax over all rows (`MedusaDrafter._greedy_chains`); each
     row's draft equals what `_draft` draws for it from the same logits, at a confidence floor equal to one head's
-    confidence (kept: the floor is "below it, stop") and with rows asked for 0 .. 4 drafts. Catches (planted): the
-    floor compared with <=, the sure heads counted past the first unsure one, a row's own k ignored."""
+    confidence (kept: the floor is "below it, stop") and with rows asked for 0 .. 4 drafts; each row's length is
+    also checked against the rule written out here, since both paths share `_sure_heads`. Catches (planted): the floor
+    compared with <= in `_sure_heads`, sure heads counted past the first unsure one, a row's own k ignored, the rows'
+    counts taken in another order."""
     spec = engine("llama", "medusa")
     drafter, target = spec.drafter, spec.target
     generator = torch.Generator().manual_seed(3)
@@ -179,6 +181,8 @@ def test_medusa_greedy_rows_at_once_equal_each_rows_own_draft():
             got = drafter.propose_rows(contexts)
             alone = [drafter._draft(row[:k], c) if k else Draft.empty("cpu") for row, k, c in zip(logits, ks, contexts)]
             assert [d.tokens.tolist() for d in got] == [d.tokens.tolist() for d in alone], floor
+            sure = [int((row >= floor).long().cumprod(0).sum()) for row in confidence]  # heads before the first unsure
+            assert [d.num_draft_tokens for d in got] == [min(k, n) for k, n in zip(ks, sure)], floor
             assert all(d.probs is None for d in got)
             cuts |= {(k, d.num_draft_tokens) for k, d in zip(ks, got)}
     finally:
