@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from selfspec.draft_length import AdaptiveDraftLength, ProbeSchedule, StepOverhead
 from selfspec.verify_cost import (  # noqa: F401  (straight: re-exported, it lived here before round 14)
-    MAX_DRAFT_TOKENS, LearnedVerifyCost, VerifyCost, batch_cost_curve, batch_shape, clipped, straight,
+    LearnedVerifyCost, VerifyCost, batch_cost_curve, clipped, straight,
 )
 
 
@@ -18,10 +18,9 @@ class BatchDraftLength:
     """Choose one draft width w (0 .. max_draft_tokens) per step for the whole batch; row r drafts min(w, cap_r).
 
     Objective: sum_r row_r.expected_tokens(min(w, cap_r)) / step_cost, where step_cost, in one-token decodes of one
-    row, is cost_curve(batch_shape(B, width)) + overhead.per_step + overhead.per_token * sum_r min(w, cap_r), and
-    width = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` over the padded
-    forward's shape (B rows of 1 + width tokens: not its total, which 16 rows of one token and 8 of two share at very
-    different costs), taught only by batches' verify forwards (never the one-sequence curve kept on disk): the
+    row, is cost_curve(B * (1 + width) - 1) + overhead.per_step + overhead.per_token * sum_r min(w, cap_r), and width
+    = max_r min(w, cap_r) is the padded block's draft part. `cost_curve` is a `LearnedVerifyCost` over the padded
+    forward's tokens - 1, taught only by batches' verify forwards (never the one-sequence curve kept on disk): the
     engine passes its own (`SelfSpecModel.batch_verify_cost`, kept between batches and processes, so a batch starts
     from what earlier ones timed); given only `start`, a private one started from a straight line through it (B
     one-token rows priced as one row verifying B - 1 drafts: the same matmuls over the weights). `overhead` learns the
@@ -44,7 +43,7 @@ class BatchDraftLength:
     The fit is trusted one width past the widest it has timed, no further: a line fitted to a few narrow steps
     extrapolates badly (measured on the reference model at batch 8: after 6 steps at w <= 2 it priced w = 8 so low
     that 16 steps ran at w = 8, 0.63x of w = 0), so the width grows one step at a time and each width is timed
-    before the next is priced; widths whose shapes earlier batches timed (the curve's `was_timed`) count as timed.
+    before the next is priced; widths whose totals earlier batches timed (the curve's `was_timed`) count as timed.
 
     The model can still be wrong where a step's cost is not shaped as it assumes (a drafter's call that costs the same
     whatever it drafts; per-row work of a tiny model): on the reference model at batch 8 it chose w = 2 for a step
@@ -68,8 +67,8 @@ class BatchDraftLength:
     per batch re-measured them every call (round 19).
 
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
-    the curve prices each shape by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
-    shapes that cost the same may differ by their noise, and a tie would otherwise draft useless tokens.
+    the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
+    totals that cost the same may differ by their noise, and a tie would otherwise draft useless tokens.
     """
 
     def __init__(self, start: VerifyCost | None = None, max_draft_tokens: int = 8, probe_every: int = 8,
@@ -77,7 +76,7 @@ class BatchDraftLength:
                  cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
                  seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64,
                  overhead: StepOverhead | None = None, rates: MeasuredRates | None = None):
-        if cost_curve is None:  # a private curve (forward shape -> one-row decodes), never saved
+        if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
             cost_curve = batch_cost_curve(straight(start))
@@ -87,7 +86,7 @@ class BatchDraftLength:
         # other batches, like the engine's set for one sequence's draft sizes)
         self.seen_shapes = set() if seen_shapes is None else seen_shapes
         self.overhead = StepOverhead(decay) if overhead is None else overhead  # (the engine's: kept across batches)
-        self.max_draft_tokens = min(max_draft_tokens, MAX_DRAFT_TOKENS)  # (the widths the curve prices)
+        self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
         self.explore_every = explore_every
         self._last_width, self._same_width_steps, self._explore_turn = 0, 0, 0
@@ -105,13 +104,14 @@ class BatchDraftLength:
         return self.probes.probing and self._trusted(1)
 
     def _trusted(self, width: int) -> bool:
-        """Whether a step this wide was timed: in this batch (at any number of rows), or a forward of the same shape
-        (rows and width) by any batch that taught the curve."""
-        return width <= self.widest_timed or self.cost_curve.was_timed(batch_shape(self._num_rows, width))
+        """Whether a step this wide was timed: in this batch (at any number of rows), or a forward of the same total
+        tokens by any batch that taught the curve (it counts the forwards it timed per total, whatever their rows:
+        8 rows at w = 1 and 16 at w = 0 are both 15)."""
+        return width <= self.widest_timed or self.cost_curve.was_timed(self._num_rows * (1 + width) - 1)
 
     def step_cost(self, num_rows: int, width: int, num_drafted: int) -> float:
         """Expected cost of a step over num_rows blocks of 1 + width tokens proposing num_drafted drafts in all."""
-        forward = self.cost_curve(batch_shape(num_rows, width))
+        forward = self.cost_curve(num_rows * (1 + width) - 1)
         return forward + self.overhead.per_step + num_drafted * self.overhead.per_token
 
     def choose(self, rows: list[tuple[AdaptiveDraftLength, int]]) -> int:
@@ -181,7 +181,8 @@ class BatchDraftLength:
         if not shadow_probe:  # each row's next token, and the drafts accepted
             self.rates.observe(len(drafted), max(drafted), len(drafted) + num_accepted, step_seconds)
         self.widest_timed = max(self.widest_timed, max(drafted))
-        self.cost_curve.observe(batch_shape(len(drafted), max(drafted)), verify_seconds)
+        total_tokens = len(drafted) * (1 + max(drafted))
+        self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
         if decode_seconds > 0:
             overhead = max(0.0, step_seconds - verify_seconds) / decode_seconds

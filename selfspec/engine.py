@@ -165,9 +165,9 @@ class SelfSpecModel:
         return self._verify_cost
 
     def batch_verify_cost(self) -> LearnedVerifyCost:
-        """The cost curve batches of several prompts plan their draft width with: the padded forward's shape (rows,
-        width) -> its cost in one-row decodes (`verify_cost.learned_batch_verify_cost`); kept in the cache directory
-        apart from `verify_cost()`, started from it when nothing was kept, refined by every batch and kept after each."""
+        """The cost curve batches of several prompts plan their draft width with: the padded forward's tokens - 1 ->
+        its cost in one-row decodes (`verify_cost.learned_batch_verify_cost`); kept in the cache directory apart
+        from `verify_cost()`, started from it when nothing was kept, refined by every batch and kept after each."""
         if self._batch_verify_cost is None:  # batches verify chains: started from the chain curve in a tree wrapper too
             chains = self.verify_cost() if not self.tree_size else learned_verify_cost(
                 self.target, few_row_kernel=self.few_row_kernel)

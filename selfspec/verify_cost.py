@@ -31,12 +31,9 @@ OUTLIER_RATIO = 3.0
 # Timed forwards of one draft size after which its cost counts as known (`LearnedVerifyCost.knows`); the count kept is
 # capped (MAX_TIMED) so a kept file stays small and old evidence does not read as more than it is.
 KNOWN_AFTER, MAX_TIMED = 2, 100
-# A batch's curve is indexed by the padded forward's shape, B rows of 1 + w tokens (`batch_shape`), not by its total
-# tokens: shapes of one total cost differently (round 26, SmolLM2 on one thread: 16 rows of one token 3.35 one-row
-# decodes, 8 rows of two 1.8; each row attends over its own cache, so a row costs more than a drafted token). Kept for
-# up to BATCH_ROWS rows at widths 0 .. MAX_DRAFT_TOKENS; beyond, the fit through the totals prices a shape.
-BATCH_ROWS = 32
-BATCH_CURVE_SIZE = BATCH_ROWS * (MAX_DRAFT_TOKENS + 1)
+# A batch's curve is indexed by the padded forward's tokens - 1 (B * (1 + w) - 1): it is kept that far, enough for
+# batch 16 at width 8 (143) with room; beyond it the fit extrapolates.
+BATCH_CURVE_SIZE = 256
 
 
 def clipped(observed: float, predicted: float) -> float:
@@ -223,62 +220,23 @@ def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool = False
     return LearnedVerifyCost(start, path)
 
 
-def batch_shape(num_rows: int, width: int) -> int:
-    """The batch curve's index of a forward over `num_rows` blocks of 1 + `width` tokens (width <= MAX_DRAFT_TOKENS):
-    row-major, so the shapes of up to BATCH_ROWS rows are the curve's first BATCH_CURVE_SIZE entries."""
-    if num_rows < 1 or not 0 <= width <= MAX_DRAFT_TOKENS:
-        raise ValueError(f"a batch's forward is priced for 1 or more rows of 0 .. {MAX_DRAFT_TOKENS} drafts; got "
-                         f"{num_rows} rows of {width}")
-    return (num_rows - 1) * (MAX_DRAFT_TOKENS + 1) + width
-
-
-def shape_tokens(index: int) -> int:
-    """The tokens of the forward at this `batch_shape` index: rows x (1 + width)."""
-    rows, width = divmod(index, MAX_DRAFT_TOKENS + 1)
-    return (rows + 1) * (1 + width)
-
-
-@dataclass(frozen=True)
-class BatchShapeStart:
-    """Where a batch's curve starts, by `batch_shape` index (in one-row decodes): a kept curve's value for the shapes
-    it holds, else `line` (over the forward's tokens - 1) at the shape's total. Called as a `VerifyCost` is."""
-
-    line: VerifyCost
-    kept: tuple[float, ...] = ()
-    decode_seconds: float = 0.0
-    timed: tuple[int, ...] = ()
-
-    def __call__(self, index: int) -> float:
-        if 0 <= index < len(self.kept):
-            return self.kept[index]
-        return self.line(shape_tokens(index) - 1)
-
-
 def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool = False) -> LearnedVerifyCost:
-    """The curve batches plan with: the padded forward's shape (`batch_shape(B, w)`: B rows of 1 + w tokens) -> its
-    cost in one-row decodes. Starts from the one a previous process kept, else from a straight line through `single`
-    (this model's one-sequence curve, see `straight`) at the shape's total tokens; refined from every batch's timed
-    forwards, shared by the batches of one wrapper and kept on disk after each, apart from one sequence's curve (a
-    batched forward is shaped unlike one sequence's: each row attends over its own cache). The fit is a line through
-    the shapes' totals; each shape keeps what its own forwards cost beyond it (rows cost more than drafted tokens; a
-    CPU's cost jumps where a product leaves the few-row kernel at 32 rows), and a weak pull towards the start's slope
-    (a hundredth of a step at one unit of extra cost; a choice, not measured) lets the widths a batch explores show
-    its own shape. Not kept non-decreasing: the index is not ordered by cost (8 rows of two tokens cost less than 16
-    of one, round 26), and between two shapes a batch timed, one it did not may be priced above the later one."""
+    """The curve batches plan with: k = the padded forward's tokens - 1 (B * (1 + w) - 1) -> its cost in one-row
+    decodes. The one a previous process kept, else a straight line through `single` (this model's one-sequence
+    curve, see `straight`); refined from every batch's timed forwards, shared by the batches of one wrapper and kept
+    on disk after each, apart from one sequence's curve (a batched forward is shaped unlike one sequence's: each row
+    attends over its own cache). Each total keeps what its own forwards cost (a CPU's cost jumps where a product
+    leaves the few-row kernel at 32 rows), and a weak pull towards the start's slope (a hundredth of a step at one unit
+    of extra cost; a choice, not measured) lets the widths a batch explores show its own shape. Not kept
+    non-decreasing: a batch times only totals B * (1 + w) - 1, and between two it timed the fit may lie above the
+    later one (a cheap 15 after an unmeasured 14 priced by a line through 7 .. 23), which a running maximum would
+    carry over it."""
     path = cache_dir() / "verify_cost" / f"{cost_key(target, few_row_kernel=few_row_kernel, batch=True)}.json"
-    kept = _read_curve(path)
-    if kept is not None and len(kept.relative) != BATCH_CURVE_SIZE:
-        kept = None  # (another layout: start over)
-    return batch_cost_curve(straight(single), path, kept)
+    return batch_cost_curve(_read_curve(path) or straight(single), path)
 
 
-def batch_cost_curve(line: VerifyCost, path: Path | None = None, kept: VerifyCost | None = None) -> LearnedVerifyCost:
-    """A batch's curve (see `learned_batch_verify_cost`) starting from `kept` (a saved batch curve, by shape) where
-    given, else from `line` (over total tokens - 1); kept at `path` (None: never saved)."""
-    if kept is None:
-        start = BatchShapeStart(line, decode_seconds=line.decode_seconds)
-    else:
-        start = BatchShapeStart(line, kept.relative, kept.decode_seconds, kept.timed)
+def batch_cost_curve(start: VerifyCost, path: Path | None = None) -> LearnedVerifyCost:
+    """A batch's curve (see `learned_batch_verify_cost`) from `start`, kept at `path` (None: never saved)."""
     return LearnedVerifyCost(start, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False)
 
 
@@ -322,7 +280,7 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bo
 
         described["few_row_kernel"] = kernel_version()
     if batch:
-        described["batch"] = "shapes"  # (indexed by rows and width since round 26; by total tokens before)
+        described["batch"] = True
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]
 
 
