@@ -32,7 +32,8 @@ class BatchDraftLength:
     `max_probe_every`), accepted or not, and only a width chosen on the evidence resets it. A probe costs B more
     tokens in the forward and takes the masked path, while what its rows accept rarely shortens the batch (it runs
     until its longest row ends): on the reference model at batch 8 the probes of drafts that some row accepted, every
-    8 steps, cost 11 % (0.92x of transformers' batched loop, 1.03x at a fixed w = 0). Probe defaults otherwise follow
+    8 steps, cost 11 % (0.92x of transformers' batched loop, 1.03x at a fixed w = 0); so a probe is scored in shadow
+    (no wider forward) once its shape was timed recently (`probe_in_shadow`). Probe defaults otherwise follow
     `AdaptiveDraftLength`'s (its replayed measurements); `explore_every` is a choice, not yet tuned.
 
     The cost's shape can only be learned from steps of different widths, and a batched forward is not shaped like
@@ -50,11 +51,11 @@ class BatchDraftLength:
     that emitted 1.3x the tokens for 1.5x the time (fixed w = 2 ran at 0.85x of w = 0, round 15). So every timed
     step also counts, per (rows, width), the tokens it emitted and the seconds it took (decayed by `decay` whenever
     that shape is timed again), and a width gives way to the narrower one measured fastest at the same number of
-    rows, if faster (explorations measure w + 1, w - 1 and 0 in turn), and a width not yet measured is not tried past
-    one measured slower than a narrower one: the model proposes, the measured rates overrule it. A rate needs two
-    timed steps (one step's time is noise) and is forgotten `forget_after` timed steps after its shape last ran
-    (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried again: at w = 0 nothing else
-    re-measures wider widths (probes are scored in shadow). 64 is a choice, not measured.
+    rows, if faster by more than `min_gain` (explorations measure w + 1, w - 1 and 0 in turn), and a width not yet
+    measured is not tried past one measured slower than a narrower one: the model proposes, the measured rates
+    overrule it. A rate needs two timed steps (one step's time is noise) and is forgotten `forget_after` timed steps
+    after its shape last ran (caches grow, rows leave, acceptance drifts), so a width overruled long ago is tried
+    again: at w = 0 only probes re-measure w = 1 (those verified for real). 64 is a choice, not measured.
 
     `overhead`: where the step's cost beyond its forward is learned; the engine passes its wrapper's, kept across
     batches as the curve is (`SelfSpecModel.batch_step_overhead`). A fresh one per batch priced drafting at 0 per
@@ -97,11 +98,15 @@ class BatchDraftLength:
 
     def probe_in_shadow(self, full_forward: bool = True) -> bool:
         """Whether the width the last choose() returned is a probe whose one-token drafts are scored in shadow
-        against plain decoding's forward (`verify_step.score_probe`), so it does not widen the batch's forward; not
-        before a step of width >= 1 was timed (until then a probe is verified for real: it is how this batch's cost
-        curve learns what a wider forward costs; one timed by earlier batches counts). Batches verify
-        full forwards only (`full_forward` is for the policies' common signature)."""
-        return self.probes.probing and self._trusted(1)
+        against plain decoding's forward (`verify_step.score_probe`), so it does not widen the batch's forward: only
+        once a step of as many rows at width 1 was timed in the last `forget_after` timed steps (`rates`: this
+        wrapper's batches). Until then a probe is verified for real: it is how the cost curve learns what a wider
+        forward costs, and how it corrects a price it holds from elsewhere. A total timed only by other shapes or by
+        other processes is not enough: a price held too high was otherwise never timed again (round 27: SmolLM2's
+        kept curve priced 15 + 1 tokens at 3.35 one-row decodes, from a batch of 16 rows; at 8 rows every probe was
+        scored in shadow, so w = 1 was never timed there). Batches verify full forwards only (`full_forward` is for
+        the policies' common signature)."""
+        return self.probes.probing and self.rates.timed_recently(self._num_rows, 1)
 
     def _trusted(self, width: int) -> bool:
         """Whether a step this wide was timed: in this batch (at any number of rows), or a forward of the same total
@@ -140,17 +145,20 @@ class BatchDraftLength:
         return self.rates.rate(num_rows, width)
 
     def _measured_down(self, width: int, num_rows: int) -> int:
-        """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster. A width
-        not measured yet is tried only while the widest narrower one measured is also the fastest measured: once a
-        width was measured slower than a narrower one, wider ones (more tokens in the forward, more drafting) are
-        not tried on the model's word (round 18, the reference model at batch 16: after w = 4 measured slower than
-        w = 0, the model still asked w = 5 and 6, and "auto" ran at 0.81x of k = 0)."""
+        """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster by more
+        than `min_gain`. A width not measured yet is tried only while the widest narrower one measured is also the
+        fastest measured (within `min_gain`): once a width was measured slower than a narrower one, wider ones (more
+        tokens in the forward, more drafting) are not tried on the model's word (round 18, the reference model at
+        batch 16: after w = 4 measured slower than w = 0, the model still asked w = 5 and 6, and "auto" ran at 0.81x
+        of k = 0)."""
         rates = [(rate, w) for w in range(width + 1) if (rate := self.measured_rate(num_rows, w)) is not None]
         if not rates:
             return width
-        # rates[-1] is the widest measured (the width itself, when measured); on a tie in rate max() takes it
+        # rates[-1] is the widest measured (the width itself, when measured); a narrower one overrules it only when
+        # faster by more than `min_gain` (a tie is noise: since round 27's probes time each number of rows, equal
+        # rates of w = 0 and 1 from useless drafts' probes went to w = 0 by a rounding error, when rows turned good)
         fastest = max(rates)
-        return width if fastest is rates[-1] else fastest[1]
+        return width if fastest[0] <= rates[-1][0] * (1.0 + self.min_gain) else fastest[1]
 
     def _explore(self, width: int, widest: int) -> int:
         """After `explore_every` steps at the same width w > 0, one step at w + 1, then w - 1, then 0 (in turn; up
@@ -211,6 +219,11 @@ class MeasuredRates:
         for i, value in enumerate((1.0, emitted, seconds)):
             counts[i] = self.decay * counts[i] + value
         counts[3] = self.timed_steps
+
+    def timed_recently(self, num_rows: int, width: int) -> bool:
+        """Whether a step of this shape was timed in the last `forget_after` timed steps."""
+        counts = self.counts.get((num_rows, width))
+        return counts is not None and self.timed_steps - counts[3] <= self.forget_after
 
     def rate(self, num_rows: int, width: int) -> float | None:
         """None for fewer than two such steps (a decayed count below 1.5), or none in the last `forget_after`."""

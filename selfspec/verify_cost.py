@@ -106,6 +106,7 @@ class LearnedVerifyCost:
         # old residuals in its old units then read as many times what they were.
         self._residual = [0.0] * size
         self._residual_weight = [0.0] * size
+        self._held: dict[int, float] = {}  # k -> its price kept by an earlier process, until timed here (`hold`)
         self._intercept = start.decode_seconds  # the fit's a
         self.sums = [0.0] * 5  # decayed sums of 1, m, m^2, t, m * t, where m = start(k) - 1 and t = seconds
         self.decode_seconds = start.decode_seconds  # the decode as measured (fit + k = 0 residual); 0 until timed
@@ -147,6 +148,9 @@ class LearnedVerifyCost:
         return self._residual[num_draft_tokens] / weight / self._intercept if self._intercept > 0 else 0.0
 
     def _raw(self, num_draft_tokens: int) -> float:
+        held = self._held.get(num_draft_tokens)
+        if held is not None:  # (k > 0: k = 0 is what the held prices are relative to)
+            return held * self._raw(0)
         return max(1e-3, self.fit(num_draft_tokens) + self.residual(num_draft_tokens))
 
     def _refresh(self) -> None:
@@ -193,12 +197,22 @@ class LearnedVerifyCost:
             self._intercept, self.scale = a, max(0.0, b / a)  # verifying more never costs less
         k = num_draft_tokens
         if 0 <= k < self.size and self._intercept > 0:
+            self._held.pop(k, None)  # the first timing here replaces what an earlier process kept
             g = self.residual_decay
             self._residual[k] = g * self._residual[k] + seconds - self._intercept * self.fit(k)
             self._residual_weight[k] = g * self._residual_weight[k] + 1.0
         self._refresh()
         if self._intercept > 0:
             self.decode_seconds = self._intercept * self._raw_decode
+
+    def hold(self, prices: dict[int, float]) -> None:
+        """Prices an earlier process measured (k > 0 -> cost relative to k = 0): each prices its k as it was kept,
+        whatever the fit learns meanwhile, until this process times that k; its first timing replaces the kept price
+        rather than averaging with it. A kept price may come from another load, other contexts or other batch shapes
+        (round 27: a batch curve kept 16 forward tokens at 3.35 one-row decodes, from an earlier batch of 16 rows;
+        8 rows of two measure ~1.6 now); averaged, one such price outlasts several timings."""
+        self._held.update({k: price for k, price in prices.items() if 0 < k < self.size})
+        self._refresh()
 
     def snapshot(self) -> VerifyCost:
         return VerifyCost(self.relative, self.decode_seconds, tuple(self.timed))
@@ -236,8 +250,32 @@ def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool =
 
 
 def batch_cost_curve(start: VerifyCost, path: Path | None = None) -> LearnedVerifyCost:
-    """A batch's curve (see `learned_batch_verify_cost`) from `start`, kept at `path` (None: never saved)."""
-    return LearnedVerifyCost(start, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False)
+    """A batch's curve (see `learned_batch_verify_cost`) from `start`, kept at `path` (None: never saved).
+
+    A start that timed some totals (a kept batch curve) is split in two: the line through 1 at k = 0 that fits its
+    timed totals best (weighted by how often each was timed) is what the fit rescales, and each timed total keeps its
+    kept price (`LearnedVerifyCost.hold`) until this process times it, whose first timing replaces it. Taken whole as
+    the start, a kept curve's kinks were the fit's own shape: one total kept far too high (round 27: 16 forward
+    tokens at 3.35 one-row decodes on SmolLM2, timed by an earlier batch of 16 rows; 8 rows of two measure ~1.6 and
+    16 of one ~1.3-1.6 now) bent the fit everywhere else when it was timed again (32 tokens' price fell 37 % against 8's
+    in tests/selfspec/test_verify_cost.py, though neither had changed)."""
+    line, kept = _line_and_kept(start)
+    curve = LearnedVerifyCost(line, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False)
+    curve.hold(kept)
+    return curve
+
+
+def _line_and_kept(curve: VerifyCost) -> tuple[VerifyCost, dict[int, float]]:
+    """(the line 1 + slope * k fitted by least squares to the curve's timed k > 0, weighted by their counts, with
+    its decode and counts; {timed k > 0: the curve's price there}); a curve that timed no k > 0 (a line to start
+    from, `straight`) is its own line."""
+    timed = [(k, n) for k, n in enumerate(curve.timed) if 0 < k < len(curve.relative) and n > 0]
+    if not timed:
+        return curve, {}
+    slope = sum(n * k * (curve.relative[k] - 1.0) for k, n in timed) / sum(n * k * k for k, n in timed)
+    line = VerifyCost(tuple(1.0 + max(0.0, slope) * k for k in range(len(curve.relative))), curve.decode_seconds,
+                      curve.timed)
+    return line, {k: curve.relative[k] for k, _ in timed}
 
 
 def straight(curve: VerifyCost) -> VerifyCost:

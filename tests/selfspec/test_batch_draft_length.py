@@ -14,7 +14,7 @@ from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.draft_length import AdaptiveDraftLength, StepOverhead
 from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig
-from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, prior_verify_cost
+from selfspec.verify_cost import BATCH_CURVE_SIZE, LearnedVerifyCost, VerifyCost, batch_cost_curve, prior_verify_cost
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences
@@ -232,6 +232,39 @@ def test_measured_rates_need_two_steps_and_are_forgotten_when_stale():
     assert planner.measured_rate(4, 2) is not None and planner.measured_rate(4, 0) == pytest.approx(400)
     planner.observe([0, 0, 0, 0], 0, 0.01, 0.01)
     assert planner.measured_rate(4, 2) is None  # 11 timed steps since it last ran
+
+
+def test_a_price_held_too_high_is_timed_again_at_this_number_of_rows():
+    """Round 27: a kept batch curve prices 16, 24 and 32 forward tokens at 3.35 / 3.9 / 3.83 decodes (timed by
+    earlier batches of other rows, at costs this device no longer shows: it costs 1 + 0.06 per token beyond one), and
+    rows accept 60 %, so at 8 rows w = 1 emits 12.8 tokens in 1.9 decodes against w = 0's 8 in 1.42. The batch
+    drafts: a probe at 8 rows is verified for real until 8 rows at width 1 were timed here, and then scored in
+    shadow; each timed total's first timing replaces its kept price.
+    Catches (planted): probes scored in shadow once any forward of their total was timed, by any rows, here or in a
+    kept curve (round 26's rule: every probe in shadow, w = 0 to the end)."""
+    def device(total_tokens: int) -> float:
+        return 0.01 * (1 + 0.06 * (total_tokens - 1))
+
+    relative = [1 + 0.06 * k for k in range(BATCH_CURVE_SIZE)]
+    relative[15], relative[23], relative[31] = 3.35, 3.9, 3.83
+    timed = [0] * BATCH_CURVE_SIZE
+    timed[7] = timed[15] = timed[23] = timed[31] = 100
+    planner = BatchDraftLength(cost_curve=batch_cost_curve(VerifyCost(tuple(relative), 0.01, tuple(timed))))
+    rows = [row(0.6) for _ in range(8)]
+    widths, shadow = [], []
+    for _ in range(100):
+        widths.append(planner.choose(rows))
+        shadow.append(planner.probe_in_shadow())
+        forward_width = 0 if shadow[-1] else widths[-1]
+        seconds = device(8 * (1 + forward_width))
+        planner.observe([forward_width] * 8, int(0.6 * 8 * forward_width), seconds, seconds)
+    assert widths[-30:].count(0) <= 5 and not any(shadow)  # drafting (w = 0 only to explore), no probe needed
+    assert planner.cost_curve(15) == pytest.approx(1.9, rel=0.1)
+    planner.probes.probing = True  # (as during a probe)
+    assert planner.probe_in_shadow()  # 8 rows at width 1: timed here, recently
+    planner.choose(rows[:4])
+    planner.probes.probing = True
+    assert not planner.probe_in_shadow()  # 4 rows at width 1: never timed here
 
 
 def test_batch_rows_learn_that_their_drafter_declines(monkeypatch):

@@ -88,6 +88,27 @@ def test_a_batch_curve_keeps_each_total_it_timed():
     assert reloaded.path == learned.path != verify_cost.learned_verify_cost(target).path
 
 
+def test_a_kept_batch_price_holds_until_timed_here_and_the_timing_replaces_it():
+    """Round 27: a kept batch curve whose total 15 was timed at 3.35 decodes by an earlier batch (16 rows, at a cost
+    this device no longer shows) beside totals 7 and 31 on a line of 0.06 a token. The next process prices 15 as
+    kept until it times 15; its first timing (1.9 where 7 costs 1.42) replaces the kept price rather than averaging
+    with it, and does not move the price of 31, which it did not time.
+    Catches (planted): the kept curve taken whole as the start (round 26: after the timing 31 priced at 1.26x of 7,
+    not 2.01x: the kink at 15 bent the fit); the kept price kept after a timing here (15 at 2.36x of 7)."""
+    relative = [1 + 0.06 * k for k in range(verify_cost.BATCH_CURVE_SIZE)]
+    relative[15] = 3.35
+    timed = [0] * verify_cost.BATCH_CURVE_SIZE
+    timed[7] = timed[15] = timed[31] = 100
+    curve = verify_cost.batch_cost_curve(VerifyCost(tuple(relative), 0.01, tuple(timed)))
+    assert [curve(k) for k in (7, 15, 31)] == pytest.approx([1.42, 3.35, 2.86])  # as kept
+    assert curve.knows(15) and curve.knows(31) and not curve.knows(23)
+    for _ in range(3):
+        curve.observe(7, 0.0142)
+    curve.observe(15, 0.019)
+    assert curve(15) / curve(7) == pytest.approx(1.9 / 1.42, rel=0.05)
+    assert curve(31) / curve(7) == pytest.approx(2.86 / 1.42, rel=0.05)
+
+
 def test_the_prior_is_concave_and_steeper_on_a_cpu():
     cpu, gpu = prior_verify_cost(CPU), prior_verify_cost(torch.device("cuda"))
     steps = [cpu(k + 1) - cpu(k) for k in range(8)]
