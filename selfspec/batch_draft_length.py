@@ -227,7 +227,7 @@ class MeasuredRates:
 
     def rate(self, num_rows: int, width: int) -> float | None:
         """None for fewer than two such steps (a decayed count below 1.5), or none in the last `forget_after`."""
-        steps, tokens, seconds, last = self.counts.get((num_rows, width), (0.0, 0.0, 0.0, 0))
-        if steps < 1.5 or seconds <= 0 or self.timed_steps - last > self.forget_after:
+        if not self.timed_recently(num_rows, width):
             return None
-        return tokens / seconds
+        steps, tokens, seconds, _ = self.counts[(num_rows, width)]
+        return tokens / seconds if steps >= 1.5 and seconds > 0 else None
