@@ -6,7 +6,9 @@ step is the single-sequence step of `engine.py` (propose, verify, accept, keep p
 the same verifier, `draw`, stop conditions, draft-length policies and stats recorder. A row that finishes leaves
 the batch (its cache rows are dropped), so it costs no more compute. EAGLE drafts every row at once
 (`drafters/eagle_batch.py`: one head forward per draft position, the head's own ragged cache following the batch's
-rows); Medusa runs its heads once for all rows (`propose_rows`); n-gram and a user's drafter propose row by row.
+rows); so does early exit (`drafters/early_exit_batch.py`: one pass of the first layers per draft position through
+the batch's cache, whose work the verify forward then resumes after, as alone); Medusa runs its heads once for all
+rows (`propose_rows`); n-gram and a user's drafter propose row by row.
 
 How many tokens each row drafts: with num_draft_tokens="auto" and no seed, one width for the whole batch
 (`BatchDraftLength`: each row's acceptance, the padded forward's cost learned from the batch's timings), which changes
@@ -21,10 +23,9 @@ therefore token-identical to decoding alone, sampled rows with a seed per row (s
 
 A list of one prompt decodes as one sequence (the engine's own loop: no ragged cache, nothing refused).
 
-Not supported for two prompts or more: early exit (its layer-by-layer forward builds one sequence's masks), drafts
-that share work (`Draft.prefilled_layers`), tree drafts, cache layers other than full attention (sliding windows),
-`transformers` streamers (use `stream`), and a draft-length policy object (it cannot serve several rows; pass an int
-or "auto").
+Not supported for two prompts or more: a user's drafter whose drafts share work (`Draft.prefilled_layers`), tree
+drafts, cache layers other than full attention (sliding windows), `transformers` streamers (use `stream`), and a
+draft-length policy object (it cannot serve several rows; pass an int or "auto").
 """
 from __future__ import annotations
 
@@ -33,18 +34,23 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
-from selfspec.draft_length import capped_choice, probe_in_shadow
+from selfspec.draft_length import capped_choice, probe_asked, probe_in_shadow
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
+from selfspec.drafters.early_exit_batch import BatchEarlyExitDrafter
 from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw, greedy_tokens
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.verify_step import score_probe, verify
+
+
+BatchDrafter = BatchEagleDrafter | BatchEarlyExitDrafter  # proposes for every row at once
 
 
 def is_prompt_batch(input_ids) -> bool:
@@ -154,7 +160,7 @@ def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
 
 @torch.inference_mode()
 def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats,
-                  planner: BatchDraftLength | None, batch_drafter: BatchEagleDrafter | None):
+                  planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None):
     """Prefill every row, then steps of propose -> one verify forward -> verify (per row) -> commit -> feed back,
     until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row that
     committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width (None:
@@ -174,14 +180,14 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         for row in rows:
             row.recorder.start()
         stepped = rows
-        drafts, verdicts, probes, emitted, verify_seconds = _step(target, cache, rows, sampling, clock, planner,
-                                                                  batch_drafter)
+        drafts, verdicts, probes, emitted, verify_seconds, full_forward = _step(target, cache, rows, sampling, clock,
+                                                                                planner, batch_drafter)
         rows = _drop_finished(rows, cache, batch_drafter)
         step_seconds = clock.tick() - started
         decode_seconds += step_seconds
         if planner is not None:
             drafted, accepted = [d.num_draft_tokens for d in drafts], sum(v.num_accepted for v in verdicts)
-            planner.observe(drafted, accepted, verify_seconds, step_seconds)
+            planner.observe(drafted, accepted, verify_seconds, step_seconds, full_forward)
         forwards, peak = forwards + 1, max(peak, cache.nbytes())
         share = cache.nbytes() // max(len(rows), 1)  # each row's part of the one cache
         for row, draft, verdict, probe in zip(stepped, drafts, verdicts, probes):
@@ -222,13 +228,15 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
 
 
 def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock,
-          planner: BatchDraftLength | None, batch_drafter: BatchEagleDrafter | None):
+          planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None):
     """One decode step for every row: each row's draft, one forward over the padded blocks [pending, *drafts], each
     row's verdict, its kept entries committed. Returns (drafts verified, verdicts, probes (per row: None, or whether
-    its probe scored in shadow would have been accepted), emitted, the verify forward's seconds)."""
+    its probe scored in shadow would have been accepted), emitted, the verify forward's seconds, whether it ran every
+    layer (not after early exit's drafted layers))."""
     for row in rows:
         row.buffer[row.num_tokens], row.num_tokens = row.next_token, row.num_tokens + 1  # pending: not in the cache
-    drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, batch_drafter)
+    drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, cache, planner, batch_drafter)
+    prefilled = _prefilled(drafts)  # early exit: (its layers, [B, passes, hidden] exit states), before probes empty
     # A probe (the planner's, or seeded, a row policy's) is scored in shadow, as decoding alone scores it: that row's
     # block is its pending token only; `drafts` then holds what each row verifies.
     probe_drafts = [d if probe_in_shadow(planner if planner is not None else row.policy, d) else None
@@ -236,7 +244,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     drafts = [d if p is None else Draft.empty(d.tokens.device) for d, p in zip(drafts, probe_drafts)]
     blocks = [torch.cat([row.buffer[row.num_tokens - 1 : row.num_tokens], d.tokens]) for row, d in zip(rows, drafts)]
     verify_started = clock.tick()
-    hidden_all = _forward_block(target, cache, _pad(blocks))  # [B, 1 + max k_r, hidden]
+    hidden_all = _forward_block(target, cache, _pad(blocks), prefilled)  # [B, 1 + max k_r, hidden]
     sizes = [block.shape[0] for block in blocks]  # k_r + 1
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     logits = target.logits(verified)  # [sum(k_r + 1), vocab]
@@ -262,7 +270,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
         tokens = row.stop.admit(accepted.tolist() + [verdict.next_token])
         if tokens:
             emitted.append((row.index, tokens))
-    return drafts, verdicts, probes, emitted, verify_seconds
+    return drafts, verdicts, probes, emitted, verify_seconds, prefilled is None
 
 
 def _greedy_rows(logits: torch.Tensor, sizes: list[int]) -> list[list[int]]:
@@ -290,19 +298,21 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
     return [row.asked for row in rows]
 
 
-def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,
-             batch_drafter: BatchEagleDrafter | None) -> list[Draft]:
+def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, cache: RaggedCache,
+             planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None) -> list[Draft]:
     """Each row's draft of up to k_r tokens: all rows in one batched proposal (a row asked for none catches up on its
     states all the same), else from the one drafter every row shares, for the rows asked (a row asked for none is not
     asked: its states wait), in one `propose_rows` call when the drafter has one (Medusa: one heads forward for all
     rows). A step where no row drafts asks no drafter (their states wait for the next proposal)."""
     asked = [r for r, k in enumerate(ks) if k > 0]
     if batch_drafter is not None and asked:
-        return batch_drafter.propose([_context(row, k, sampling, target) for row, k in zip(rows, ks)])
+        probes = [probe_asked(planner if planner is not None else row.policy, k) for row, k in zip(rows, ks)]
+        return batch_drafter.propose([_context(row, k, sampling, target, cache, probe)
+                                      for row, k, probe in zip(rows, ks, probes)])
     drafts = [Draft.empty(row.buffer.device) for row in rows]
     if not asked:
         return drafts
-    contexts = [_context(rows[r], ks[r], sampling, target) for r in asked]
+    contexts = [_context(rows[r], ks[r], sampling, target) for r in asked]  # (no cache: they propose row by row)
     drafter = rows[0].drafter  # one drafter serves every row (`_row_drafters`)
     propose_rows = getattr(drafter, "propose_rows", None)
     proposed = propose_rows(contexts) if propose_rows is not None else [drafter.propose(c) for c in contexts]
@@ -311,13 +321,15 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target,
     return drafts
 
 
-def _context(row: _Row, k: int, sampling: SamplingConfig, target) -> DraftContext:
-    """The row's draft context; it hands over every state the row's drafter has not seen."""
+def _context(row: _Row, k: int, sampling: SamplingConfig, target, cache: RaggedCache | None = None,
+             probe: bool = False) -> DraftContext:
+    """The row's draft context; it hands over every state the row's drafter has not seen. cache: the batch's (every
+    row's), for a drafter proposing for all rows at once (early exit runs its first layers through it); None for one
+    proposing row by row (a drafter of one sequence cannot read a ragged cache). probe: `DraftContext.probe`."""
     hidden_states = torch.cat(row.unseen) if len(row.unseen) > 1 else row.unseen[0]  # [num_new, hidden]
     row.unseen = []
-    # No cache view: the rows share one cache, which no supported drafter reads (early exit, which does, is refused).
     return DraftContext(row.buffer[: row.num_tokens], hidden_states[-1], hidden_states, k, sampling, row.generator,
-                        target, None)
+                        target, cache, probe=probe)
 
 
 def _checked(draft: Draft) -> Draft:
@@ -330,15 +342,32 @@ def _checked(draft: Draft) -> Draft:
     return draft
 
 
-def _forward_block(target, cache: RaggedCache, block_ids: torch.Tensor) -> torch.Tensor:
+def _forward_block(target, cache: RaggedCache, block_ids: torch.Tensor,
+                   prefilled: tuple[int, torch.Tensor] | None = None) -> torch.Tensor:
     """[B, n] ids appended after every row's committed entries -> [B, n] final hidden states; row r's entry i sees
-    only row r's committed prefix and its own entries 0..i, at position lengths[r] + i."""
+    only row r's committed prefix and its own entries 0..i, at position lengths[r] + i. prefilled: (L, [B, n,
+    hidden]) when early exit's drafting already ran the first L layers over this very block (their output): only the
+    rest run."""
     n = block_ids.shape[1]
-    out = target.decoder(
-        input_ids=block_ids, attention_mask=cache.block_mask(n, target.lm_head.weight.dtype),
-        position_ids=cache.block_positions(n), cache=cache.hf_cache, use_cache=True,
-    )
+    mask, positions = cache.block_mask(n, target.lm_head.weight.dtype), cache.block_positions(n)
+    if prefilled is not None:
+        exit_layer, exit_states = prefilled
+        drafted = cache.hf_cache.layers[0].get_seq_length() - cache.width
+        if exit_states.shape[1] != n or drafted != n:
+            raise RuntimeError(f"early exit drafted blocks of {drafted} entries ({exit_states.shape[1]} exit states) "
+                               f"in its layers, but the batch verifies {n}")
+        return target.forward_block_from(exit_states, cache.hf_cache, exit_layer, mask, positions)
+    out = target.decoder(input_ids=block_ids, attention_mask=mask, position_ids=positions, cache=cache.hf_cache,
+                         use_cache=True)
     return out.last_hidden_state
+
+
+def _prefilled(drafts: list[Draft]) -> tuple[int, torch.Tensor] | None:
+    """(L, [B, passes, hidden] every row's exit states, zero-padded) when the drafts ran the first L layers over
+    every row's block (a batched early-exit proposal prefills every row or none), else None."""
+    if not drafts[0].prefilled_layers:
+        return None
+    return drafts[0].prefilled_layers, pad_sequence([d.prefilled_hidden for d in drafts], batch_first=True)
 
 
 def _pad(sequences: list[torch.Tensor]) -> torch.Tensor:
@@ -347,7 +376,7 @@ def _pad(sequences: list[torch.Tensor]) -> torch.Tensor:
     return torch.stack([torch.cat([s, s[:1].expand(width - s.shape[0])]) for s in sequences])
 
 
-def _drop_finished(rows: list[_Row], cache: RaggedCache, batch_drafter: BatchEagleDrafter | None) -> list[_Row]:
+def _drop_finished(rows: list[_Row], cache: RaggedCache, batch_drafter: BatchDrafter | None) -> list[_Row]:
     """The rows still decoding; finished ones leave the cache (and the batched drafter's) so they cost no more
     compute."""
     alive = [r for r, row in enumerate(rows) if not row.stop.done]
@@ -361,14 +390,6 @@ def _drop_finished(rows: list[_Row], cache: RaggedCache, batch_drafter: BatchEag
 
 def _check_batch_support(spec, options) -> None:
     """Refuse, with what to do instead, what a batch cannot decode exactly; probe the 4D mask once per model."""
-    from selfspec.drafters.early_exit import EarlyExitDrafter
-
-    if isinstance(spec.drafter, EarlyExitDrafter):
-        raise NotImplementedError(
-            "early-exit drafts run the model's first layers through its layer-by-layer path, which builds one "
-            "sequence's masks and positions, so it cannot decode ragged rows; decode these prompts one by one, or use "
-            "drafter='ngram', 'medusa' or 'eagle' for batches"
-        )
     if spec.tree_size and spec.tree_size_requested != "auto":  # "auto" trees: the batch drafts chains
         raise NotImplementedError(
             f"tree drafts are verified one sequence at a time; this SelfSpecModel was wrapped with "
@@ -388,15 +409,21 @@ def _check_batch_support(spec, options) -> None:
         raise NotImplementedError(f"several prompts at once need it too: {err}") from err
 
 
-def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchEagleDrafter | None]:
+def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchDrafter | None]:
     """Each row's drafter, and the one that proposes for all rows at once (None: each row's proposes alone). EAGLE
     keeps per-sequence state (its head's cache), so its rows share one `BatchEagleDrafter` (one ragged head cache, one
-    head forward per draft position for all rows; also each row's drafter for observe and the stats); n-gram,
-    Medusa, "none" and a user's drafter object keep nothing between proposals and serve every row, one at a time."""
+    head forward per draft position for all rows; also each row's drafter for observe and the stats); early exit runs
+    the model's first layers through the batch's cache, so its rows share one `BatchEarlyExitDrafter` (one pass per
+    draft position for all rows); n-gram, Medusa, "none" and a user's drafter object keep nothing between proposals
+    and serve every row, one at a time."""
     from selfspec.drafters.eagle import EagleDrafter
+    from selfspec.drafters.early_exit import EarlyExitDrafter
 
     if isinstance(drafter, EagleDrafter):
         batch_drafter = BatchEagleDrafter(target, drafter.head, num_rows, drafter.min_draft_confidence)
+        return [batch_drafter] * num_rows, batch_drafter
+    if isinstance(drafter, EarlyExitDrafter):  # runs the first layers through the batch's cache, for all rows at once
+        batch_drafter = BatchEarlyExitDrafter(target, drafter)
         return [batch_drafter] * num_rows, batch_drafter
     return [drafter] * num_rows, None
 

@@ -37,19 +37,22 @@ class RaggedCache:
     def batch_size(self) -> int:
         return self.lengths.shape[0]
 
-    def block_positions(self, block_width: int) -> torch.Tensor:
-        """[B, block_width] position ids of the next block: row r's entry i sits at lengths[r] + i."""
-        return self.lengths[:, None] + torch.arange(block_width, device=self.lengths.device)
+    def block_positions(self, block_width: int, first: int = 0) -> torch.Tensor:
+        """[B, block_width] position ids of the next block's entries first .. first + block_width - 1: row r's entry
+        i sits at lengths[r] + i."""
+        return self.lengths[:, None] + torch.arange(first, first + block_width, device=self.lengths.device)
 
-    def block_mask(self, block_width: int, dtype: torch.dtype) -> torch.Tensor:
-        """[B, 1, block_width, width + block_width] additive mask (0 attended, finfo(dtype).min not) for a block
-        appended after the current columns; in the model's dtype, since eager attention adds it to the scores."""
+    def block_mask(self, block_width: int, dtype: torch.dtype, first: int = 0) -> torch.Tensor:
+        """[B, 1, block_width, width + first + block_width] additive mask (0 attended, finfo(dtype).min not) for the
+        block's entries first .. first + block_width - 1, appended after the current columns and the block's `first`
+        entries (early exit drafts a block one entry at a time in its first layers); in the model's dtype, since
+        eager attention adds it to the scores."""
         width, device = self.width, self.lengths.device
-        columns = torch.arange(width + block_width, device=device)  # [width + n]
-        queries = torch.arange(block_width, device=device)  # [n]
-        committed = columns[None, None, :] < self.lengths[:, None, None]  # [B, 1, width + n]
-        own_block = (columns[None, :] >= width) & (columns[None, :] - width <= queries[:, None])  # [n, width + n]
-        attended = committed | own_block[None]  # [B, n, width + n]
+        columns = torch.arange(width + first + block_width, device=device)  # [width + first + n]
+        queries = torch.arange(first, first + block_width, device=device)  # [n]
+        committed = columns[None, None, :] < self.lengths[:, None, None]  # [B, 1, columns]
+        own_block = (columns[None, :] >= width) & (columns[None, :] - width <= queries[:, None])  # [n, columns]
+        attended = committed | own_block[None]  # [B, n, columns]
         mask = torch.zeros(attended.shape, dtype=dtype, device=device)
         mask.masked_fill_(~attended, torch.finfo(dtype).min)
         return mask[:, None]

@@ -173,12 +173,16 @@ class BatchDraftLength:
             return width + 1
         return 0 if self._explore_turn == 0 else width - 1
 
-    def observe(self, drafted: list[int], num_accepted: int, verify_seconds: float, step_seconds: float) -> None:
+    def observe(self, drafted: list[int], num_accepted: int, verify_seconds: float, step_seconds: float,
+                full_forward: bool = True) -> None:
         """A step ended: drafted[r] tokens were proposed by row r (rows in the forward, in any order), num_accepted
         of all of them were accepted, its verify forward (padded to 1 + max drafted tokens per row, and the logits)
         took verify_seconds, the whole step step_seconds. The first forward of each block shape [rows, 1 + width]
         is a warm-up, not a measurement (a GPU selects kernels for each new shape: 70-1200 ms against 5-8 ms after on
-        an H200, engine.py), so it teaches neither the curve (which keeps what it learns) nor the overhead."""
+        an H200, engine.py), so it teaches neither the curve (which keeps what it learns) nor the overhead.
+        full_forward False: the verify forward ran only the layers after early exit's drafted ones, so it is not a
+        price of the curve's; the overhead then learns the step beyond the curve's price of a full forward (the
+        drafting passes less the layers they spared verification), so the planner still prices the whole step."""
         shadow_probe = self.probe_in_shadow()  # (its drafter ran, its forward did not widen: neither width's rate)
         self.probes.observed(num_accepted)
         shape = (len(drafted), 1 + max(drafted))
@@ -190,10 +194,12 @@ class BatchDraftLength:
             self.rates.observe(len(drafted), max(drafted), len(drafted) + num_accepted, step_seconds)
         self.widest_timed = max(self.widest_timed, max(drafted))
         total_tokens = len(drafted) * (1 + max(drafted))
-        self.cost_curve.observe(total_tokens - 1, verify_seconds)
+        if full_forward:
+            self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
         if decode_seconds > 0:
-            overhead = max(0.0, step_seconds - verify_seconds) / decode_seconds
+            forward_seconds = verify_seconds if full_forward else self.cost_curve(total_tokens - 1) * decode_seconds
+            overhead = max(0.0, step_seconds - forward_seconds) / decode_seconds
             self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))
 
 

@@ -109,25 +109,38 @@ class ModelParts:
             f"Supported families: {SUPPORTED_FAMILIES}; other drafters (ngram, medusa) work on any causal LM."
         )
 
-    def embed(self, token_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-        """[1, num_tokens] ids appended after layer 0's cached tokens -> [1, num_tokens, hidden] input of layer 0."""
+    def embed(self, token_ids: torch.Tensor, cache: DynamicCache,
+              position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, num_tokens] ids appended after layer 0's cached tokens -> [B, num_tokens, hidden] input of layer 0.
+        position_ids [B, num_tokens]: a batch's ragged rows (`RaggedCache.block_positions`); None: after layer 0's
+        cached tokens."""
         hidden = self.embed_tokens(token_ids)
         if self.position_embeddings is not None:
-            hidden = hidden + self.position_embeddings(self._position_ids(hidden, cache, 0))
+            if position_ids is None:
+                position_ids = self._position_ids(hidden, cache, 0)
+            hidden = hidden + self.position_embeddings(position_ids)
         return self.dropout(hidden) if self.dropout is not None else hidden
 
-    def run_layers(self, hidden: torch.Tensor, cache: DynamicCache, start: int, end: int) -> torch.Tensor:
-        """[1, num_tokens, hidden] input of layer `start` -> output of layer `end - 1` (before the final norm).
+    def run_layers(self, hidden: torch.Tensor, cache: DynamicCache, start: int, end: int,
+                   attention_mask: torch.Tensor | None = None,
+                   position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, num_tokens, hidden] input of layer `start` -> output of layer `end - 1` (before the final norm).
 
         The tokens sit after what layer `start` has cached; each layer writes their keys and values. Layers may
         hold different lengths (early exit runs ahead in the first layers), so positions and masks are taken from
-        the layer where this range starts, not from layer 0 as the decoder's own forward does.
+        the layer where this range starts, not from layer 0 as the decoder's own forward does. A batch's ragged rows
+        pass their own 4D `attention_mask` and `position_ids` [B, num_tokens] (`RaggedCache`: full-attention layers
+        only), which every layer takes as the decoder's own forward takes a prepared 4D mask: as it is.
         """
         if not 0 <= start <= end <= self.num_layers:
             raise ValueError(f"layer range [{start}, {end}) is outside the model's {self.num_layers} layers")
-        position_ids = self._position_ids(hidden, cache, start)
+        if position_ids is None:
+            position_ids = self._position_ids(hidden, cache, start)
         rotary = self._rotary(hidden, position_ids, range(start, end))  # layer type (or None) -> (cos, sin)
-        masks = {}  # sliding or not -> mask, sized against the first layer of that kind in the range
+        if attention_mask is not None and any(cache.is_sliding[start:end]):
+            raise ValueError("a prepared 4D mask serves full-attention layers only; these layers include sliding ones")
+        # sliding or not -> mask, sized against the first layer of that kind in the range (or the one given)
+        masks = {} if attention_mask is None else {False: attention_mask}
         for i in range(start, end):
             sliding = cache.is_sliding[i]
             if sliding not in masks:

@@ -82,6 +82,22 @@ class TargetModel:
         parts = self.parts
         return parts.run_layers(parts.embed(token_ids[None], cache.hf_cache), cache.hf_cache, 0, exit_layer)[0]
 
+    def exit_forward_block(self, block_ids: torch.Tensor, hf_cache, exit_layer: int, attention_mask: torch.Tensor,
+                           position_ids: torch.Tensor) -> torch.Tensor:
+        """A batch's ragged rows (`RaggedCache`): [B, n] ids with their 4D mask and [B, n] positions -> [B, n, hidden]
+        output of the first `exit_layer` layers (before the final norm); writes those layers' keys and values only."""
+        parts = self.parts
+        hidden = parts.embed(block_ids, hf_cache, position_ids)
+        return parts.run_layers(hidden, hf_cache, 0, exit_layer, attention_mask, position_ids)
+
+    def forward_block_from(self, start_hidden: torch.Tensor, hf_cache, start_layer: int, attention_mask: torch.Tensor,
+                           position_ids: torch.Tensor) -> torch.Tensor:
+        """A batch's ragged rows whose first `start_layer` layers already ran over the block (`exit_forward_block`):
+        [B, n, hidden] their output -> [B, n, hidden] final (normed) hidden states; only the remaining layers run."""
+        hidden = self.parts.run_layers(start_hidden, hf_cache, start_layer, self.num_layers, attention_mask,
+                                       position_ids)
+        return self.parts.norm(hidden)
+
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., hidden] a layer's output -> what the LM head reads (the decoder's final norm)."""
         return self.parts.norm(hidden)

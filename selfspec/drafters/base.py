@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from heads.draft_vocab import full_vocab_probs
-from selfspec.sampling import SamplingConfig, draw, logits_to_probs
+from selfspec.sampling import SamplingConfig, draw, logits_to_probs, top_probability
 from selfspec.tree import DraftTree
 
 if TYPE_CHECKING:
@@ -116,6 +116,25 @@ def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.T
         return tokens, probs
     tokens = draft_vocab[tokens]
     return tokens, None if probs is None else full_vocab_probs(probs, draft_vocab, context.target.vocab_size)
+
+
+def draw_rows(logits: torch.Tensor, contexts: list[DraftContext], draft_vocab: torch.Tensor | None = None):
+    """A batch's drafting rows: [D, N] logits, one context per row -> ([D] tokens, [D, vocab] draft_probs or None when
+    greedy), each row drawn with its own context and generator, as it draws alone. Greedy draws use no generator: one
+    argmax serves all rows."""
+    if contexts[0].sampling.greedy:
+        return draw_draft(logits, contexts[0], draft_vocab)
+    drawn = [draw_draft(logits[i : i + 1], context, draft_vocab) for i, context in enumerate(contexts)]
+    return torch.cat([token for token, _ in drawn]), torch.cat([probs for _, probs in drawn])
+
+
+def confident_rows(logits: torch.Tensor, probs: torch.Tensor | None, min_draft_confidence: float) -> list[bool]:
+    """Per drafting row: is its draft distribution sure enough to propose the token it drew? Compared as Python
+    floats, as the single-sequence drafters compare them (a float32 tensor against the threshold would round the
+    threshold)."""
+    if not min_draft_confidence:
+        return [True] * logits.shape[0]
+    return [top >= min_draft_confidence for top in top_probability(logits, probs).tolist()]
 
 
 def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_vocab: torch.Tensor | None = None):

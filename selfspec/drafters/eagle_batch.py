@@ -20,8 +20,7 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 
 from selfspec.batch_cache import RaggedCache
-from selfspec.drafters.base import Draft, DraftContext, draw_draft
-from selfspec.sampling import top_probability
+from selfspec.drafters.base import Draft, DraftContext, confident_rows, draw_rows
 
 
 class BatchEagleDrafter:
@@ -53,8 +52,8 @@ class BatchEagleDrafter:
         while drafting:
             rows = torch.tensor(drafting, device=feature.device)
             logits = self.target.logits(feature[rows], vocab_ids=self.draft_vocab)  # [D, N]
-            drawn, probs = self._draw(logits, [contexts[r] for r in drafting])  # [D], [D, vocab] | None
-            confident = self._confident(logits, probs)
+            drawn, probs = draw_rows(logits, [contexts[r] for r in drafting], self.draft_vocab)  # [D], [D, vocab]|None
+            confident = confident_rows(logits, probs, self.min_draft_confidence)
             feeding = []
             for i, r in enumerate(drafting):
                 if not confident[i]:  # drawn before the check, as alone: it decides how many drafts, never which
@@ -92,21 +91,6 @@ class BatchEagleDrafter:
         kept = torch.tensor(num_new, device=features.device)
         self.cache.commit(kept)
         return out[torch.arange(len(contexts), device=features.device), kept - 1]
-
-    def _draw(self, logits: torch.Tensor, contexts: list[DraftContext]):
-        """[D, N] logits of the drafting rows -> ([D] tokens, [D, vocab] draft_probs or None when greedy), each row
-        drawn with its own context and generator. Greedy draws use no generator: one argmax serves all rows."""
-        if contexts[0].sampling.greedy:
-            return draw_draft(logits, contexts[0], self.draft_vocab)
-        drawn = [draw_draft(logits[i : i + 1], context, self.draft_vocab) for i, context in enumerate(contexts)]
-        return torch.cat([token for token, _ in drawn]), torch.cat([probs for _, probs in drawn])
-
-    def _confident(self, logits: torch.Tensor, probs: torch.Tensor | None) -> list[bool]:
-        """Per drafting row: is its draft distribution sure enough to propose the token it drew? Compared as Python
-        floats, as `EagleDrafter` compares them (a float32 tensor against the threshold would round the threshold)."""
-        if not self.min_draft_confidence:
-            return [True] * logits.shape[0]
-        return [top >= self.min_draft_confidence for top in top_probability(logits, probs).tolist()]
 
     def _feed(self, feature: torch.Tensor, drawn: torch.Tensor, drafting: list[int], feeding: list[int]):
         """One [B, 1] head forward of every row's (feature, drafted token) after its entries; only the `feeding` rows'

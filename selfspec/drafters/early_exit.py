@@ -72,7 +72,7 @@ class EarlyExitDrafter:
             exit_states.append(exit_state)
             if len(tokens) == context.num_draft_tokens:
                 break
-            logits = target.logits(target.final_norm(self._adapt(exit_state)))  # [1, vocab]
+            logits = self.exit_logits(target, exit_state)  # [1, vocab]
             # [1], and [1, vocab] warped as the target's (None when greedy). Sampled before the confidence check:
             # that check only decides how many drafts are proposed, never which, so the law stays the verifier's.
             token, probs = draw(logits, sampling, context.generator)
@@ -97,8 +97,10 @@ class EarlyExitDrafter:
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass
 
-    def _adapt(self, exit_state: torch.Tensor) -> torch.Tensor:
-        return exit_state if self.adapter is None else self.adapter(exit_state)
+    def exit_logits(self, target, exit_state: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] exit states -> [..., vocab] draft logits: the adapter (if any), the final norm, the LM head."""
+        adapted = exit_state if self.adapter is None else self.adapter(exit_state)
+        return target.logits(target.final_norm(adapted))
 
 
 def _draft_cost(target, exit_layer: int, adapter) -> float:

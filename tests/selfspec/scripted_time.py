@@ -44,9 +44,9 @@ def scripted_batch_clock(spec, monkeypatch, seconds_for_tokens) -> ScriptedClock
     clock, forward = ScriptedClock(), batch._forward_block
     spec.clock = clock
 
-    def timed(target, cache, block_ids):
+    def timed(target, cache, block_ids, *prefilled):
         clock.advance(seconds_for_tokens(block_ids.numel()))
-        return forward(target, cache, block_ids)
+        return forward(target, cache, block_ids, *prefilled)
 
     monkeypatch.setattr(batch, "_forward_block", timed)
     return clock

@@ -1,6 +1,7 @@
 """Several prompts at once: every row's output is exactly that prompt decoded alone (greedy: the same tokens, also as
 `model.generate`; sampled with a seed per row: the same tokens as alone with that row's seed, and the model's law),
-for n-gram, Medusa and EAGLE drafts, rows of different lengths, rows that stop early; clear errors otherwise."""
+for n-gram, Medusa, EAGLE and early-exit drafts, rows of different lengths, rows that stop early; clear errors
+otherwise (early exit's own batch tests: test_early_exit_batch.py)."""
 import pytest
 import torch
 
@@ -12,7 +13,7 @@ from selfspec.sampling import SamplingConfig
 from tests.selfspec.scripted_time import scripted_batch_clock
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
-from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, trained_heads
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, sharpened, trained_heads
 from tests.selfspec.test_eagle import sharp, trained_head
 
 
@@ -31,6 +32,9 @@ def engine(family, drafter):
         prompts = [p[None] for p in prompts_of_different_lengths()]
         heads = trained_heads(model, greedy_sequences(model, prompts, 40))
         return SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
+    if drafter == "early_exit":  # layers that matter, confident enough that half the first layers draft right often
+        model = sharpened(scrambled_model(family, num_layers=4, seed=1), 4.0)
+        return SelfSpecModel(model, drafter=drafter, exit_layer=2)
     return SelfSpecModel(tiny_model(family), drafter=drafter)  # soon repeats itself: n-gram drafts are accepted
 
 
@@ -39,7 +43,7 @@ def alone(spec, prompt, **options):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("drafter", ["ngram", "medusa", "eagle"])
+@pytest.mark.parametrize("drafter", ["ngram", "medusa", "eagle", "early_exit"])
 def test_greedy_rows_equal_each_prompt_alone_and_generate(family, drafter):
     spec = engine(family, drafter)
     prompts = prompts_of_different_lengths()
@@ -116,7 +120,7 @@ def test_max_new_tokens_is_exact_for_every_row():
     assert_exercised(stats)
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "medusa", "eagle"])
+@pytest.mark.parametrize("drafter", ["ngram", "medusa", "eagle", "early_exit"])
 def test_sampled_rows_equal_each_prompt_alone_with_its_seed(drafter):
     """seed=s: row i draws from a generator seeded s + i, so its tokens are those of the prompt alone with seed s + i
     (every draw the same: first token, drafts, acceptances, recovered and bonus tokens)."""
@@ -263,8 +267,8 @@ def test_what_counts_as_several_prompts():
 def test_unsupported_cases_fail_clearly():
     model = tiny_model("llama")
     prompts = [random_prompt(5)[0], random_prompt(7)[0]]
-    with pytest.raises(NotImplementedError, match="early-exit"):
-        SelfSpecModel(model, drafter="early_exit", exit_layer=1).generate(prompts, max_new_tokens=4)
+    with pytest.raises(NotImplementedError, match="prefilled_layers"):  # a drafter of one sequence's cache
+        SelfSpecModel(model, drafter=_PrefillingDrafter()).generate(prompts, max_new_tokens=4, num_draft_tokens=1)
     spec = SelfSpecModel(model, drafter="ngram")
     with pytest.raises(ValueError, match="num_draft_tokens"):
         spec.generate(prompts, num_draft_tokens=_FixedPolicy())
@@ -281,6 +285,17 @@ def test_unsupported_cases_fail_clearly():
     sliding.config.layer_types = ["sliding_attention"] * sliding.config.num_hidden_layers
     with pytest.raises(NotImplementedError, match="several prompts"):
         SelfSpecModel(sliding, drafter="ngram").generate(prompts, max_new_tokens=4)
+
+
+class _PrefillingDrafter:
+    """Claims its drafts ran the model's first layer (as early exit's do alone): a batch cannot resume after them."""
+
+    def propose(self, context):
+        hidden = context.hidden_states[-1:].repeat(2, 1)
+        return Draft(context.token_ids[-1:], prefilled_layers=1, prefilled_hidden=hidden)
+
+    def observe(self, num_drafted, num_accepted):
+        pass
 
 
 class _FixedPolicy:
