@@ -33,7 +33,8 @@ def alone(spec, prompt, **options):
 def test_greedy_rows_with_an_adapter_and_a_confidence_stop_equal_alone(family):
     """Learned positions (GPT-2) and a scaled embedding (Gemma) through the batched first layers; an exit adapter; a
     confidence floor (the median confidence of layer 2's drafts along row 0's output) that stops some rows' chains
-    mid-way and others before their first draft, so rows draft different lengths in one step."""
+    mid-way and others before their first draft, so rows draft different lengths in one step. Each row drafts and
+    accepts what it does alone. Catches (planted): the batch ignoring the adapter, or the confidence floor."""
     model = model_of(family)
     expected = greedy_sequences(model, [p[None] for p in prompts()], 24)
     median = float(exit_confidences(SelfSpecModel(model, drafter="none").target, expected[0], 2).median())
@@ -43,9 +44,12 @@ def test_greedy_rows_with_an_adapter_and_a_confidence_stop_equal_alone(family):
                              min_draft_confidence=confidence)
         options = dict(max_new_tokens=24, num_draft_tokens=4, eos_token_id=[])
         out = spec.generate(prompts(), **options)
-        for prompt, got, plain in zip(prompts(), out.sequences, expected):
+        for prompt, got, plain, row in zip(prompts(), out.sequences, expected, out.row_stats):
             assert torch.equal(got, plain)
-            assert torch.equal(got, alone(spec, prompt, **options))
+            single = spec.generate(prompt, **options)
+            assert torch.equal(got, single.sequences[0])
+            # the same drafts as alone (the adapter's, cut by the same confidence stops), accepted alike
+            assert (row.drafted, row.accepted) == (single.stats.drafted, single.stats.accepted)
         assert_exercised(out.row_stats, what=f"{family} adapter={adapter is not None} confidence={confidence:.2f}")
         stats.append(out.row_stats)
     capped = stats[1]  # the confidence floor drafted fewer than 4 per step in some rows
