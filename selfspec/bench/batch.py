@@ -34,6 +34,7 @@ from selfspec.bench.settings import EXAMPLES, REFERENCE, model_name
 class BatchBenchSettings:
     model: str = str(REFERENCE / "model")
     heads: str | None = None
+    exit_layer: int | None = None
     batch_sizes: str = "1,4,8,16"
     max_new_tokens: int = 96
     num_draft_tokens: str = "auto"
@@ -48,6 +49,8 @@ class BatchBenchSettings:
 HELP = {
     "model": "target model: a directory, a .gguf file, or `smollm2`; the project's reference model by default",
     "heads": "Medusa heads or EAGLE head directory (the drafter follows their kind); default: n-gram drafts",
+    "exit_layer": "draft with early exit at this layer (the model's first L layers) instead of heads or n-gram; the "
+                  "reference model was trained to exit at 2",
     "batch_sizes": "comma-separated batch sizes; each uses that many held-out prompts",
     "max_new_tokens": "tokens per row (EOS may end a row sooner, in every method alike)",
     "num_draft_tokens": "selfspec's num_draft_tokens: an int, or auto (the library's default)",
@@ -64,7 +67,7 @@ HELP = {
 def parse_args(argv=None) -> BatchBenchSettings:
     parser = argparse.ArgumentParser(prog="python -m selfspec.bench.batch", description=__doc__.splitlines()[0])
     for f in fields(BatchBenchSettings):
-        kind = int if f.type == "int" else str
+        kind = int if f.type in ("int", "int | None") else str
         parser.add_argument("--" + f.name.replace("_", "-"), type=kind, default=None, metavar=f.name.upper(),
                             help=f"{HELP[f.name]} (default: {f.default})")
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
@@ -150,7 +153,10 @@ def run(settings: BatchBenchSettings) -> dict:
     tokenizer = load_tokenizer(settings.model)
     # chains one by one too: a batch drafts chains, so batch 1 compares the batch machinery with one sequence's (a
     # single prompt's default, "auto", drafts trees where they pay: the main table measures those)
-    spec = SelfSpecModel(model, heads=settings.heads, tokenizer=tokenizer, tree_size=None)
+    if settings.exit_layer is not None and settings.heads is not None:
+        raise SystemExit("--exit-layer and --heads name two drafters; give one")
+    drafter = {} if settings.exit_layer is None else {"drafter": "early_exit", "exit_layer": settings.exit_layer}
+    spec = SelfSpecModel(model, heads=settings.heads, tokenizer=tokenizer, tree_size=None, **drafter)
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.generation_config.eos_token_id
     pad = (eos[0] if isinstance(eos, list) else eos) if eos is not None else 0
     sizes = batch_sizes(settings)
@@ -209,6 +215,7 @@ def markdown(report: dict) -> str:
     lines = [
         f"# Batched decoding: {report['model_name']} ({report['drafter']}, {report['prompt_kind']} prompts)", "",
         f"`python -m selfspec.bench.batch --model {s['model']}" + (f" --heads {s['heads']}" if s["heads"] else "")
+        + (f" --exit-layer {s['exit_layer']}" if s.get("exit_layer") is not None else "")
         + f" --batch-sizes {s['batch_sizes']} --max-new-tokens {s['max_new_tokens']} --repeats {s['repeats']}`", "",
         f"{m['device_name']}, {m['torch_threads']} torch thread(s), torch {m['torch']}, transformers "
         f"{m['transformers']}, {s['dtype']}, {m['date']}. Medians over {s['repeats']} rounds, methods in a random "

@@ -12,6 +12,7 @@ def test_settings_and_default_out():
     assert bench.batch_sizes(settings) == [1, 4] and settings.out.endswith("examples/reference/bench/batch")
     with pytest.raises(SystemExit):
         bench.parse_args(["--batch-sizes", "0,x"])
+    assert bench.parse_args(["--exit-layer", "2"]).exit_layer == 2  # early exit's rows (an int, not "2")
 
 
 def test_methods_agree_row_by_row_and_records_count_it():
@@ -34,4 +35,5 @@ def test_methods_agree_row_by_row_and_records_count_it():
     report = {"settings": vars(settings) | {"heads": None}, "model_name": "tiny", "drafter": "NgramDrafter",
               "prompt_kind": "code", "records": [record],
               "machine": {"device_name": "cpu", "torch_threads": 1, "torch": "", "transformers": "", "date": ""}}
-    assert "| 3 | selfspec batch |" in bench.markdown(report)
+    assert "| 3 | selfspec batch |" in bench.markdown(report) and "--exit-layer" not in bench.markdown(report)
+    assert "--exit-layer 2 " in bench.markdown(report | {"settings": report["settings"] | {"exit_layer": 2}})
