@@ -306,9 +306,10 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, 
     rows). A step where no row drafts asks no drafter (their states wait for the next proposal)."""
     asked = [r for r, k in enumerate(ks) if k > 0]
     if batch_drafter is not None and asked:
-        probes = [probe_asked(planner if planner is not None else row.policy, k) for row, k in zip(rows, ks)]
+        # (a probe that prefilling drafts answer in shadow, as alone: early exit skips the probe token's pass)
+        probe_asks = [probe_asked(planner if planner is not None else row.policy, k) for row, k in zip(rows, ks)]
         return batch_drafter.propose([_context(row, k, sampling, target, cache, probe)
-                                      for row, k, probe in zip(rows, ks, probes)])
+                                      for row, k, probe in zip(rows, ks, probe_asks)])
     drafts = [Draft.empty(row.buffer.device) for row in rows]
     if not asked:
         return drafts
