@@ -30,8 +30,6 @@ class BatchEarlyExitDrafter:
 
     def __init__(self, target, drafter: EarlyExitDrafter):
         self.target, self.drafter = target, drafter
-        self.exit_layer = drafter.exit_layer
-        self.draft_cost = drafter.draft_cost
 
     @property
     def extra_modules(self) -> tuple:
@@ -40,7 +38,7 @@ class BatchEarlyExitDrafter:
     def propose(self, contexts: list[DraftContext]) -> list[Draft]:
         """One context per row of the batch's cache, in its order -> each row's draft of up to its num_draft_tokens,
         every row's [pending, *drafts] entries written to the first `exit_layer` layers (share_work)."""
-        cache, target = contexts[0].cache, self.target
+        cache, target, exit_layer = contexts[0].cache, self.target, self.drafter.exit_layer
         limits = [context.num_draft_tokens for context in contexts]
         ids = torch.stack([context.token_ids[-1] for context in contexts])  # [B] entry j of each row's block
         tokens, draft_probs = [[] for _ in contexts], [[] for _ in contexts]
@@ -49,16 +47,16 @@ class BatchEarlyExitDrafter:
         while True:
             j = len(exit_states)
             exit_states.append(target.exit_forward_block(
-                ids[:, None], cache.hf_cache, self.exit_layer, cache.block_mask(1, target.lm_head.weight.dtype, j),
+                ids[:, None], cache.hf_cache, exit_layer, cache.block_mask(1, target.lm_head.weight.dtype, j),
                 cache.block_positions(1, j))[:, 0])
             if not drafting:
                 break
-            rows = torch.tensor(drafting, device=ids.device)
-            logits = self.drafter.exit_logits(target, exit_states[-1][rows])  # [D, vocab]
-            drawn, probs = draw_rows(logits, [contexts[r] for r in drafting])  # [D], [D, vocab] | None
+            rows = drafting
+            logits = self.drafter.exit_logits(target, exit_states[-1][torch.tensor(rows, device=ids.device)])  # [D, V]
+            drawn, probs = draw_rows(logits, [contexts[r] for r in rows])  # [D], [D, vocab] | None
             confident = confident_rows(logits, probs, self.drafter.min_draft_confidence)
-            drafting, another_pass = [], False
-            for i, r in enumerate(rows.tolist()):
+            drafting, last_pass = [], False
+            for i, r in enumerate(rows):
                 if not confident[i]:  # drawn before the check, as alone: it decides how many drafts, never which
                     continue
                 tokens[r].append(drawn[i : i + 1])
@@ -67,11 +65,10 @@ class BatchEarlyExitDrafter:
                 ids[r] = drawn[i]
                 if len(tokens[r]) < limits[r]:
                     drafting.append(r)
-                # the last draft's own pass gives its exit state for verification (not for a probe scored in shadow,
-                # nor for the naive reference, whose verification runs every layer)
-                last_pass = self.drafter.share_work and not contexts[r].probe
-                another_pass = another_pass or len(tokens[r]) < limits[r] or last_pass
-            if not another_pass:
+                else:  # the last draft's own pass gives its exit state for verification (not for a probe scored in
+                    # shadow, nor for the naive reference, whose verification runs every layer)
+                    last_pass = last_pass or (self.drafter.share_work and not contexts[r].probe)
+            if not drafting and not last_pass:
                 break
         states = torch.stack(exit_states, dim=1)  # [B, passes, hidden]
         drafts = [(torch.cat(t) if t else ids.new_empty(0), torch.cat(p) if p else None)
@@ -79,7 +76,7 @@ class BatchEarlyExitDrafter:
         if not self.drafter.share_work:  # the naive reference: verification redoes the first layers
             cache.rollback(cache.lengths)  # (the drafted entries were never committed: cut back to the rows' lengths)
             return [Draft(t, p) for t, p in drafts]
-        return [Draft(t, p, prefilled_layers=self.exit_layer, prefilled_hidden=states[r, : t.shape[0] + 1])
+        return [Draft(t, p, prefilled_layers=exit_layer, prefilled_hidden=states[r, : t.shape[0] + 1])
                 for r, (t, p) in enumerate(drafts)]
 
     def select(self, rows: torch.Tensor) -> None:
