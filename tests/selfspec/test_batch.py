@@ -32,10 +32,14 @@ def engine(family, drafter):
         prompts = [p[None] for p in prompts_of_different_lengths()]
         heads = trained_heads(model, greedy_sequences(model, prompts, 40))
         return SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
-    if drafter == "early_exit":  # layers that matter, confident enough that half the first layers draft right often
-        model = sharpened(scrambled_model(family, num_layers=4, seed=1), 4.0)
-        return SelfSpecModel(model, drafter=drafter, exit_layer=2)
+    if drafter == "early_exit":
+        return SelfSpecModel(early_exit_model(family), drafter=drafter, exit_layer=2)
     return SelfSpecModel(tiny_model(family), drafter=drafter)  # soon repeats itself: n-gram drafts are accepted
+
+
+def early_exit_model(family="llama"):
+    """Four layers that matter, confident enough that the first two draft right often (and wrong often)."""
+    return sharpened(scrambled_model(family, num_layers=4, seed=1), 4.0)
 
 
 def alone(spec, prompt, **options):

@@ -9,24 +9,10 @@ import selfspec.batch_cache
 from selfspec import SelfSpecModel
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.verify_cost import VerifyCost
-from tests.conftest import random_prompt, repetitive_prompt
-from tests.selfspec.exercised import assert_exercised, exit_confidences, greedy_sequences, scrambled_model, sharpened
+from tests.selfspec.exercised import assert_exercised, exit_confidences, greedy_sequences
 from tests.selfspec.scripted_time import scripted_batch_clock
+from tests.selfspec.test_batch import alone, early_exit_model, prompts_of_different_lengths
 from tests.selfspec.test_early_exit import randomized_adapter
-
-
-def model_of(family="llama"):
-    """Four layers that matter, confident enough that the first two draft right often (and wrong often)."""
-    return sharpened(scrambled_model(family, num_layers=4, seed=1), 4.0)
-
-
-def prompts():
-    return [random_prompt(9, seed=1)[0], repetitive_prompt(20, seed=2)[0], random_prompt(4, seed=3)[0],
-            repetitive_prompt(13, period=4, seed=4)[0]]
-
-
-def alone(spec, prompt, **options):
-    return spec.generate(prompt, **options).sequences[0]
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gemma"])
@@ -35,16 +21,17 @@ def test_greedy_rows_with_an_adapter_and_a_confidence_stop_equal_alone(family):
     confidence floor (the median confidence of layer 2's drafts along row 0's output) that stops some rows' chains
     mid-way and others before their first draft, so rows draft different lengths in one step. Each row drafts and
     accepts what it does alone. Catches (planted): the batch ignoring the adapter, or the confidence floor."""
-    model = model_of(family)
-    expected = greedy_sequences(model, [p[None] for p in prompts()], 24)
+    prompts = prompts_of_different_lengths()
+    model = early_exit_model(family)
+    expected = greedy_sequences(model, [p[None] for p in prompts], 24)
     median = float(exit_confidences(SelfSpecModel(model, drafter="none").target, expected[0], 2).median())
     stats = []
     for adapter, confidence in ((randomized_adapter(model, 2), 0.0), (None, median)):
         spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2, adapter=adapter,
                              min_draft_confidence=confidence)
         options = dict(max_new_tokens=24, num_draft_tokens=4, eos_token_id=[])
-        out = spec.generate(prompts(), **options)
-        for prompt, got, plain, row in zip(prompts(), out.sequences, expected, out.row_stats):
+        out = spec.generate(prompts, **options)
+        for prompt, got, plain, row in zip(prompts, out.sequences, expected, out.row_stats):
             assert torch.equal(got, plain)
             single = spec.generate(prompt, **options)
             assert torch.equal(got, single.sequences[0])
@@ -60,8 +47,9 @@ def test_the_first_layers_run_once_per_block_entry_and_verification_resumes_afte
     """Tokens through each layer: with shared work every layer sees each row's block entries once (the first two
     while drafting, the last two while verifying); share_work=False (the naive reference) runs the first layers over
     every block twice. Catches (planted): verification running every layer again."""
-    model = model_of()
-    SelfSpecModel(model, drafter="ngram").generate(prompts(), max_new_tokens=1)  # the batch's once-per-model check
+    prompts = prompts_of_different_lengths()
+    model = early_exit_model()
+    SelfSpecModel(model, drafter="ngram").generate(prompts, max_new_tokens=1)  # the batch's once-per-model check
     counts = {}
     for share_work in (True, False):
         spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2, share_work=share_work)
@@ -70,11 +58,11 @@ def test_the_first_layers_run_once_per_block_entry_and_verification_resumes_afte
                                                                                           * args[0].shape[1]))
                  for i, layer in enumerate(spec.target.parts.layers)]
         try:
-            out = spec.generate(prompts(), max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
+            out = spec.generate(prompts, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
         finally:
             for hook in hooks:
                 hook.remove()
-        for prompt, got in zip(prompts(), out.sequences):
+        for prompt, got in zip(prompts, out.sequences):
             assert torch.equal(got, alone(spec, prompt, max_new_tokens=20, num_draft_tokens=3, eos_token_id=[]))
         assert_exercised(out.row_stats, what=f"share_work={share_work}")
         counts[share_work] = seen
@@ -88,7 +76,8 @@ def test_after_every_step_each_rows_cache_holds_plain_decodings_keys_and_values(
     entries equal a fresh prefill of that row's committed tokens, and no layer holds more columns than the widest row
     (rejected drafts are gone). Sampled with a seed per row: at a fixed k, and with "auto", where each row's own
     policy chooses, so rows probe (scored in shadow: the probe token's pass is skipped) and draft."""
-    model = model_of("qwen2")
+    prompts = prompts_of_different_lengths()
+    model = early_exit_model("qwen2")
     snapshots = []
     commit = selfspec.batch_cache.RaggedCache.commit
 
@@ -103,15 +92,15 @@ def test_after_every_step_each_rows_cache_holds_plain_decodings_keys_and_values(
     for k in (3, "auto"):
         options = dict(max_new_tokens=30, num_draft_tokens=k, do_sample=True, temperature=0.9, eos_token_id=[])
         snapshots.append([])
-        out = spec.generate(prompts(), seed=3, **options)
+        out = spec.generate(prompts, seed=3, **options)
         with monkeypatch.context() as alone_commits:  # (alone, nothing is recorded)
             alone_commits.setattr(selfspec.batch_cache.RaggedCache, "commit", commit)
-            for i, (prompt, got) in enumerate(zip(prompts(), out.sequences)):
+            for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
                 assert torch.equal(got, alone(spec, prompt, seed=3 + i, **options)), (k, i)
         stats += out.row_stats
         if k == "auto":
             probed_and_drafted = any(s.probed for s in out.row_stats) and any(s.drafted for s in out.row_stats)
-        checked = [snapshot for snapshot in snapshots[-1][1:] if snapshot[0].shape[0] == len(prompts())]
+        checked = [snapshot for snapshot in snapshots[-1][1:] if snapshot[0].shape[0] == len(prompts)]
         assert len(checked) >= 8  # every step's commit until the first row finished (then rows move up)
         for lengths, layers in checked:
             for keys, values in layers:
@@ -131,15 +120,16 @@ def test_auto_greedy_probes_in_shadow_and_rows_stopping_early_stay_exact(monkeyp
     """The batch's own width ("auto", no seed) on a scripted device where verifying costs nearly nothing: it drafts,
     and its probes scored in shadow skip the probe token's pass (the block the forward verifies is one entry wide
     then); a row reaching EOS leaves while the others go on. Every row equals its prompt alone."""
-    spec = SelfSpecModel(model_of(), drafter="early_exit", exit_layer=1)
+    prompts = prompts_of_different_lengths()
+    spec = SelfSpecModel(early_exit_model(), drafter="early_exit", exit_layer=1)
     scripted_batch_clock(spec, monkeypatch, lambda num_tokens: 0.01 * (1 + 0.001 * num_tokens))
-    free = spec.generate(prompts(), max_new_tokens=30, num_draft_tokens=2, eos_token_id=[]).sequences
-    continuations = [s[p.shape[0]:].tolist() for s, p in zip(free, prompts())]
+    free = spec.generate(prompts, max_new_tokens=30, num_draft_tokens=2, eos_token_id=[]).sequences
+    continuations = [s[p.shape[0]:].tolist() for s, p in zip(free, prompts)]
     eos = next(t for t in continuations[0][2:12] if all(t not in c for c in continuations[1:]))
-    out = spec.generate(prompts(), max_new_tokens=30, eos_token_id=eos)
-    lengths = [s.shape[0] - p.shape[0] for s, p in zip(out.sequences, prompts())]
+    out = spec.generate(prompts, max_new_tokens=30, eos_token_id=eos)
+    lengths = [s.shape[0] - p.shape[0] for s, p in zip(out.sequences, prompts)]
     assert lengths[0] < 12 and max(lengths) == 30
-    for prompt, got in zip(prompts(), out.sequences):
+    for prompt, got in zip(prompts, out.sequences):
         assert torch.equal(got, alone(spec, prompt, max_new_tokens=30, num_draft_tokens=2, eos_token_id=eos))
     assert_exercised(out.row_stats, what="auto greedy")
     assert sum(s.probed for s in out.row_stats) > 0, "the test needs probes scored in shadow"
