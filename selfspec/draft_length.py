@@ -5,11 +5,14 @@ generated, only how fast.
 `FixedDraftLength` always asks for the same number. `AdaptiveDraftLength` ("auto", the default) asks for the k that
 maximises expected tokens per second: expected tokens per step (from decayed acceptance estimates per draft
 position) over the step's cost (the device's cost of verifying k drafts, a curve from `verify_cost.py`, plus a
-drafting cost learned from the step times it is given). Knows no model, cache or clock.
+drafting cost learned from the step times it is given). Knows no model, cache or clock. `DraftLengthMemory` keeps
+what "auto" learned in a wrapper's finished generations, so the next one with the same sampling setting goes on from it.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 from selfspec.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
@@ -140,6 +143,17 @@ class AdaptiveDraftLength:
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
 
+    def fork(self) -> AdaptiveDraftLength:
+        """A policy that goes on from what this one learned (acceptance, declines, step overhead, nodes verified, the
+        probe schedule) and learns on its own from here: its own copies of the evidence, the same cost curve (the
+        device's, shared by design) and pricing."""
+        twin = copy.copy(self)
+        for name in ("tried", "accepted", "prior_left", "verified_steps", "verified_sum"):
+            setattr(twin, name, list(getattr(self, name)))
+        twin.overhead, twin.probes = copy.copy(self.overhead), copy.copy(self.probes)
+        twin.probes.probing, twin._last_asked = False, 0  # (a step's own state: no step is under way in the copy)
+        return twin
+
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""
         rates, prior = [], self.prior_acceptance
@@ -236,6 +250,36 @@ class AdaptiveDraftLength:
             verify = self.cost_curve(self.verified_tokens(num_drafted) if verified is None else verified)
             step = clipped(seconds / decode_seconds, verify + self.overhead.predict(ran))  # in one-token decodes
             self.overhead.observe(ran, step - verify)
+
+
+class DraftLengthMemory:
+    """What "auto" learned in one wrapper's finished generations, per sampling setting, so that the next generation
+    with that setting goes on from it (`AdaptiveDraftLength.fork`) instead of the prior: the wrapper's steps form one
+    stream per setting, as a long generation's do. A drafter found useless in one call then starts the next at k = 0,
+    probing on the schedule it had reached (at most every `max_probe_every` steps, as within a call), rather than
+    drafting on the prior's 0.5 for the ~10-15 steps it takes to unlearn it; one found useful starts at its known
+    acceptance. Keyed by the sampling setting because acceptance depends on it (greedy drafts are accepted more than
+    sampled ones at T=1). At most `max_settings` settings are kept, the least recently finished forgotten first.
+    A generation that stops early (a stream not read to its end) teaches nothing; two under way at once each go on
+    from the same kept state, and the one that finishes last is kept. The engine does not use it for seeded sampling
+    (its k must not depend on earlier calls, or the same seed would give other tokens) nor for batches."""
+
+    def __init__(self, max_settings: int = 8):
+        self.max_settings = max_settings
+        self._policies: OrderedDict = OrderedDict()  # setting -> the policy of its last finished generation
+
+    def policy(self, setting, new_policy: Callable[[], AdaptiveDraftLength]) -> AdaptiveDraftLength:
+        """A policy for a generation with `setting`: the last finished one's, forked, else `new_policy()`."""
+        kept = self._policies.get(setting)
+        return new_policy() if kept is None else kept.fork()
+
+    def remembering(self, setting, policy: AdaptiveDraftLength, pieces: Iterator) -> Iterator:
+        """`pieces` (a decode loop driving `policy`), then, once they all ran, `policy` kept for `setting`."""
+        yield from pieces
+        self._policies[setting] = policy
+        self._policies.move_to_end(setting)
+        while len(self._policies) > self.max_settings:
+            self._policies.popitem(last=False)
 
 
 class ProbeSchedule:

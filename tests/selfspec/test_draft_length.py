@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from selfspec import Draft, SelfSpecModel
-from selfspec.draft_length import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
+from selfspec.draft_length import (
+    AdaptiveDraftLength, DraftLengthMemory, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost,
+)
 from selfspec.target import TargetModel
 from selfspec.drafters import MedusaDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -360,6 +362,77 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
         later = policy.chosen[len(policy.chosen) // 2 :]
         later_k[wrong] = sum(later) / len(later)
     assert later_k[True] < 0.5 and later_k[False] > 6
+
+
+def test_auto_goes_on_from_what_the_wrappers_last_call_learned(monkeypatch, tmp_path):
+    """Scripted clock as above, default "auto". A wrapper's later calls with the same sampling go on from what its
+    last call learned: after one call with an always-wrong drafter the next calls draft nothing (only shadow probes),
+    after one with an oracle the next calls draft at length from their first step (more tokens per forward); every
+    call returns the model's own greedy tokens.
+    Catches (planted): the finished call's policy not kept (later calls draft as much as the first)."""
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    model = tiny_model("llama", seed=4)
+    prompt = random_prompt(6, seed=5)
+    continuation = model.generate(
+        prompt, max_new_tokens=100, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
+    )[0]
+    calls = {}
+    for wrong in (True, False):
+        spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong))
+        scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
+        calls[wrong] = [spec.generate(prompt, max_new_tokens=100, eos_token_id=[]) for _ in range(3)]
+        assert all(torch.equal(out.sequences[0], continuation) for out in calls[wrong])
+    useless = [out.stats for out in calls[True]]
+    assert useless[0].drafted >= 4 and useless[0].probed >= 1  # the first call learns from the prior: it drafts
+    assert all(stats.drafted == 0 and stats.probed >= 1 for stats in useless[1:])  # later ones only probe
+    oracle = [out.stats for out in calls[False]]
+    assert_exercised(oracle, rejected=False, what="oracle")
+    assert all(stats.tokens_per_forward > oracle[0].tokens_per_forward for stats in oracle[1:])
+
+
+def test_seeded_sampling_does_not_depend_on_earlier_calls(monkeypatch, tmp_path):
+    """A seed gives the same tokens on every call, although "auto" has learned in between (unseeded calls with the
+    same sampling, whose k depends on what earlier calls learned): seeded calls plan from the prior, as a fresh
+    wrapper's do. Catches (planted): seeded calls going on from the wrapper's learned policy (other k, other draws)."""
+    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
+    model = sharpened(scrambled_model("llama", num_layers=4, seed=1), 4.0)  # its first 2 layers draft right often
+    prompt = random_prompt(6, seed=5)
+    spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
+    spec.drafter.draft_cost = 0.0  # priced as free, so "auto" drafts for real
+    scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
+    sampled = {"do_sample": True, "max_new_tokens": 60, "eos_token_id": []}
+    first = spec.generate(prompt, seed=7, **sampled)
+    assert_exercised(first.stats, what="seeded")
+    for seed in range(3):
+        torch.manual_seed(seed)
+        spec.generate(prompt, **sampled)
+    again = spec.generate(prompt, seed=7, **sampled)
+    assert torch.equal(again.sequences, first.sequences)
+    assert again.stats.drafted == first.stats.drafted
+
+
+def test_draft_length_memory_keeps_finished_calls_per_setting():
+    """A setting's next policy is a fork of its last finished one (its own evidence from there); another setting
+    starts new; a call not run to its end teaches nothing; the least recently finished setting is forgotten first."""
+    memory = DraftLengthMemory(max_settings=2)
+    new = lambda: AdaptiveDraftLength(CPU_LIKE)  # noqa: E731
+    policy = memory.policy("greedy", new)
+    run_steps(policy, lambda i: False, 30)
+    list(memory.remembering("greedy", policy, iter([1, 2])))
+    kept = memory.policy("greedy", new)
+    assert kept is not policy and kept.acceptance() == policy.acceptance() and kept.acceptance()[0] < 0.2
+    learned = policy.acceptance()
+    for _ in range(10):
+        kept.observe(3, 3, seconds=1.0)
+    assert kept.acceptance()[0] > 0.5 and policy.acceptance() == learned  # the fork learns on its own
+    assert memory.policy("sampled", new).acceptance()[0] == 0.5  # another setting: the prior
+    stopped = memory.remembering("greedy", kept, iter([1, 2]))
+    next(stopped)
+    stopped.close()  # a stream left unread: not kept
+    assert memory.policy("greedy", new).acceptance() == policy.acceptance()
+    for setting in ("a", "b"):
+        list(memory.remembering(setting, new(), iter([])))
+    assert memory.policy("greedy", new).acceptance()[0] == 0.5  # forgotten: two newer settings finished since
 
 
 class _WrongEvery:
