@@ -16,8 +16,8 @@ import torch
 from selfspec.attention_backends import engine_attention
 from selfspec.batch_draft_length import MeasuredRates
 from selfspec.draft_length import (
-    MAX_DRAFT_TOKENS, AdaptiveDraftLength, DraftLengthMemory, StepOverhead, capped_choice, draft_length_policy, probe_asked,
-    probe_in_shadow,
+    MAX_DRAFT_TOKENS, AdaptiveDraftLength, DraftLengthMemory, StepOverhead, capped_choice, draft_length_policy,
+    probe_asked, probe_in_shadow,
 )
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter

@@ -11,6 +11,7 @@ is faster), tokens per forward and drafts per call of each.
 Usage: python examples/adhoc/r29_memory_ab.py ROUNDS [NUM_PROMPTS]"""
 import statistics
 import sys
+from pathlib import Path
 
 import torch
 import transformers
@@ -20,6 +21,7 @@ from selfspec.draft_length import DraftLengthMemory
 from selfspec.engine import SelfSpecModel
 from harness import interleaved, smollm2_chat, timed_call  # examples/adhoc/harness.py
 
+HEADS = Path(__file__).resolve().parents[1] / "smollm2"  # examples/smollm2
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
@@ -27,9 +29,9 @@ model, tokenizer, prompts = smollm2_chat(int(sys.argv[2]) if len(sys.argv) > 2 e
 noise = random_heads(model, seed=2)
 GREEDY, SAMPLED = {"do_sample": False}, {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
 cases = {
-    "eagle tree, greedy": (lambda: SelfSpecModel(model, heads="examples/smollm2/eagle"), GREEDY),
-    "eagle tree, sampled": (lambda: SelfSpecModel(model, heads="examples/smollm2/eagle"), SAMPLED),
-    "medusa, greedy": (lambda: SelfSpecModel(model, heads="examples/smollm2/heads"), GREEDY),
+    "eagle tree, greedy": (lambda: SelfSpecModel(model, heads=HEADS / "eagle"), GREEDY),
+    "eagle tree, sampled": (lambda: SelfSpecModel(model, heads=HEADS / "eagle"), SAMPLED),
+    "medusa, greedy": (lambda: SelfSpecModel(model, heads=HEADS / "heads"), GREEDY),
     "random medusa, greedy": (lambda: SelfSpecModel(model, "medusa", heads=noise), GREEDY),
     "early exit L=8, greedy": (lambda: SelfSpecModel(model, "early_exit", exit_layer=8), GREEDY),
 }

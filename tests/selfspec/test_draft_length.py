@@ -373,9 +373,8 @@ def test_auto_goes_on_from_what_the_wrappers_last_call_learned(monkeypatch, tmp_
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
     model = tiny_model("llama", seed=4)
     prompt = random_prompt(6, seed=5)
-    continuation = model.generate(
-        prompt, max_new_tokens=100, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
-    )[0]
+    continuation = model.generate(prompt, max_new_tokens=100, do_sample=False, eos_token_id=None, pad_token_id=2,
+                                  attention_mask=torch.ones_like(prompt))[0]
     calls = {}
     for wrong in (True, False):
         spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong))
