@@ -8,7 +8,8 @@ the default) greedy and sampled (T=0.7, top-p 0.9), the shipped Medusa heads gre
 Medusa heads 3-5 % then (`r8_ab_mem.py`), before positions not drafted to aged back to their prior (round 20).
 Prints each case's paired median ratio remember / afresh (time of afresh over time of remember: > 1 means carrying
 is faster), tokens per forward and drafts per call of each.
-Usage: python examples/adhoc/r29_memory_ab.py ROUNDS [NUM_PROMPTS]"""
+Usage: python examples/adhoc/r29_memory_ab.py ROUNDS [NUM_PROMPTS [CASES]] (CASES: "/"-separated words a case's
+name must contain one of, e.g. "eagle tree, greedy")"""
 import statistics
 import sys
 from pathlib import Path
@@ -35,7 +36,10 @@ cases = {
     "random medusa, greedy": (lambda: SelfSpecModel(model, "medusa", heads=noise), GREEDY),
     "early exit L=8, greedy": (lambda: SelfSpecModel(model, "early_exit", exit_layer=8), GREEDY),
 }
+chosen = sys.argv[3].split("/") if len(sys.argv) > 3 else None
 for case, (build, mode) in cases.items():
+    if chosen is not None and not any(word.strip() in case for word in chosen):
+        continue
     specs = {"remember": build(), "afresh": build()}
     specs["afresh"]._draft_lengths = DraftLengthMemory(max_settings=0)  # keeps nothing: every call from the prior
     kwargs = dict(max_new_tokens=128, eos_token_id=[], **mode)
