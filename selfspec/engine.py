@@ -120,7 +120,7 @@ class SelfSpecModel:
         self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
-        self._draft_lengths = DraftLengthMemory()  # what "auto" learned in this wrapper's calls, per sampling setting
+        self._draft_lengths = DraftLengthMemory()  # sampling settings this wrapper's drafter was found useless for
         # nodes per step (0: chains); why "auto" chose chains (None when it did not, or for an explicit size)
         with self.few_row_linears or contextlib.nullcontext():  # (the tree probe's forwards run as verify forwards do)
             self.tree_size, self.chain_reason = choose_tree_size(tree_size, self.drafter, self.target,
@@ -269,8 +269,8 @@ class SelfSpecModel:
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
-        # "auto" goes on from what it learned in this wrapper's last call with the same sampling (not seeded sampling:
-        # its k must not depend on earlier calls)
+        # "auto" starts at k = 0 where this wrapper's last call with the same sampling found the drafter useless (not
+        # seeded sampling: its k must not depend on earlier calls)
         remembered = options.num_draft_tokens == "auto" and not options.reproducible
         if remembered:
             policy = self._draft_lengths.policy(options.sampling, lambda: self._draft_length_policy(options))

@@ -1,5 +1,6 @@
-"""Round 29 (Intel Xeon with AMX, one thread): what carrying "auto"'s evidence from call to call
-(`draft_length.DraftLengthMemory`, the default since round 29) does on SmolLM2, paired: each case's wrapper as shipped
+"""Round 29 (Intel Xeon with AMX, one thread): what a wrapper's memory of "auto" across calls
+(`draft_length.DraftLengthMemory`: at 654f23a every finished call's policy carried on, since 9f5cb7c only a drafter
+found useless) does on SmolLM2, paired: each case's wrapper as shipped
 ("remember") against the same wrapper built with a memory that keeps nothing ("afresh", every call from the prior, as
 before round 29), on held-out chat prompts, 128 tokens, interleaved in a random order per prompt and round, each
 variant warmed up by one 32-token call per mode (as the benchmark does). Cases: the shipped EAGLE head (trees of 10,
@@ -8,8 +9,8 @@ the default) greedy and sampled (T=0.7, top-p 0.9), the shipped Medusa heads gre
 Medusa heads 3-5 % then (`r8_ab_mem.py`), before positions not drafted to aged back to their prior (round 20).
 Prints each case's paired median ratio remember / afresh (time of afresh over time of remember: > 1 means carrying
 is faster), tokens per forward and drafts per call of each.
-Usage: python examples/adhoc/r29_memory_ab.py ROUNDS [NUM_PROMPTS [CASES]] (CASES: "/"-separated words a case's
-name must contain one of, e.g. "eagle tree, greedy")"""
+Usage: python examples/adhoc/r29_memory_ab.py ROUNDS [NUM_PROMPTS [CASES]] (CASES: case names separated by "/", e.g.
+"eagle tree, greedy/medusa, greedy"; default: every case)"""
 import statistics
 import sys
 from pathlib import Path
@@ -38,7 +39,7 @@ cases = {
 }
 chosen = sys.argv[3].split("/") if len(sys.argv) > 3 else None
 for case, (build, mode) in cases.items():
-    if chosen is not None and not any(word.strip() in case for word in chosen):
+    if chosen is not None and case not in chosen:
         continue
     specs = {"remember": build(), "afresh": build()}
     specs["afresh"]._draft_lengths = DraftLengthMemory(max_settings=0)  # keeps nothing: every call from the prior
