@@ -159,21 +159,23 @@ class AdaptiveDraftLength:
         twin.resumed_useless = False
         return twin
 
-    def found_useless(self, min_drafts: int = 3, max_accepted: float = 0.1) -> bool:
-        """Whether this generation found the drafter useless: at least `min_drafts` steps drafted or probed, and at
-        most `max_accepted` of them had their first draft accepted. A generation `resumed` from one that found it
-        useless needs no minimum (it mostly probes): it confirms the finding unless a first draft was accepted."""
-        enough = self.resumed_useless or self.first_drafts >= min_drafts
-        return enough and self.first_accepted <= max_accepted * self.first_drafts
+    def found_useless(self, min_drafts: int = 3) -> bool:
+        """Whether this generation found the drafter useless: at least `min_drafts` steps drafted or probed, and none
+        had its first draft accepted. A generation `resumed` from one that found it useless needs no minimum (it
+        mostly probes): it confirms the finding unless a first draft was accepted."""
+        return (self.resumed_useless or self.first_drafts >= min_drafts) and self.first_accepted == 0
 
     def resumed(self) -> AdaptiveDraftLength:
         """The policy for the next generation after one that `found_useless` the drafter: a fork whose acceptance
-        evidence is worth at most `prior_weight` observations per position (as the prior was), so it starts at k = 0
-        on its probe schedule, and one accepted probe is enough to bring drafting back."""
+        evidence is worth at most `prior_weight` observations per position (as the prior was), so it starts at k = 0,
+        whose first probe comes after `probe_every` steps at k = 0 (the probe schedule restarted), and for which one
+        accepted probe is enough to bring drafting back: a drafter useless on one prompt and useful on the next loses
+        a few steps, not the generation."""
         twin = self.fork()
         for i, tried in enumerate(twin.tried):
             if tried > self.prior_weight:
                 twin.tried[i], twin.accepted[i] = self.prior_weight, twin.accepted[i] * self.prior_weight / tried
+        twin.probes.wait, twin.probes.steps_at_zero = twin.probes.every, 0
         twin.resumed_useless = True
         return twin
 
@@ -280,10 +282,9 @@ class AdaptiveDraftLength:
 
 class DraftLengthMemory:
     """Which sampling settings a wrapper's drafter was found useless for, and what "auto" had learned then: a finished
-    generation that `found_useless` its drafter (almost no first draft accepted) is kept for its sampling setting, and
-    the next generation with that setting goes on from it (`AdaptiveDraftLength.resumed`): at k = 0, on the probe
-    schedule it had reached (at most every `max_probe_every` steps, as within a generation), instead of drafting on
-    the prior's 0.5 for the ~10-25 steps it takes to unlearn it. A generation that found the drafter useful forgets
+    generation that `found_useless` its drafter (no first draft accepted) is kept for its sampling setting, and
+    the next generation with that setting goes on from it (`AdaptiveDraftLength.resumed`): at k = 0 with its probe
+    schedule restarted, instead of drafting on the prior's 0.5 for the ~10-25 steps it takes to unlearn it. A generation that found the drafter useful forgets
     the setting: the next starts from the prior, as a fresh wrapper's does. (Carrying every generation's estimates
     made good heads slower, rounds 8 and 29: one poor stretch at the end of a call left the next call at k = 0 waiting
     for probes.) Keyed by the sampling setting because acceptance depends on it; at most `max_settings` settings are
