@@ -5,15 +5,11 @@ generated, only how fast.
 `FixedDraftLength` always asks for the same number. `AdaptiveDraftLength` ("auto", the default) asks for the k that
 maximises expected tokens per second: expected tokens per step (from decayed acceptance estimates per draft
 position) over the step's cost (the device's cost of verifying k drafts, a curve from `verify_cost.py`, plus a
-drafting cost learned from the step times it is given). Knows no model, cache or clock. `DraftLengthMemory` keeps
-what "auto" learned in a generation that found the drafter useless, so the next one with the same sampling setting
-starts at k = 0.
+drafting cost learned from the step times it is given). Knows no model, cache or clock.
 """
 from __future__ import annotations
 
-import copy
-from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Protocol
 
 from selfspec.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
@@ -143,41 +139,6 @@ class AdaptiveDraftLength:
         self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
-        self.first_drafts = self.first_accepted = 0  # steps of this generation that drafted (or probed) / accepted one
-        self.resumed_useless = False  # this generation went on from one that found the drafter useless
-
-    def fork(self) -> AdaptiveDraftLength:
-        """A policy that goes on from what this one learned (acceptance, declines, step overhead, nodes verified, the
-        probe schedule) and learns on its own from here: its own copies of the evidence, the same cost curve (the
-        device's, shared by design) and pricing; its generation's counts start at 0."""
-        twin = copy.copy(self)
-        for name in ("tried", "accepted", "prior_left", "verified_steps", "verified_sum"):
-            setattr(twin, name, list(getattr(self, name)))
-        twin.overhead, twin.probes = copy.copy(self.overhead), copy.copy(self.probes)
-        twin.probes.probing, twin._last_asked = False, 0  # (a step's own state: no step is under way in the copy)
-        twin.first_drafts = twin.first_accepted = 0
-        twin.resumed_useless = False
-        return twin
-
-    def found_useless(self, min_drafts: int = 3) -> bool:
-        """Whether this generation found the drafter useless: at least `min_drafts` steps drafted or probed, and none
-        had its first draft accepted. A generation `resumed` from one that found it useless needs no minimum (it
-        mostly probes): it confirms the finding unless a first draft was accepted."""
-        return (self.resumed_useless or self.first_drafts >= min_drafts) and self.first_accepted == 0
-
-    def resumed(self) -> AdaptiveDraftLength:
-        """The policy for the next generation after one that `found_useless` the drafter: a fork whose acceptance
-        evidence is worth at most `prior_weight` observations per position (as the prior was), so it starts at k = 0,
-        whose first probe comes after `probe_every` steps at k = 0 (the probe schedule restarted), and for which one
-        accepted probe is enough to bring drafting back: a drafter useless on one prompt and useful on the next loses
-        a few steps, not the generation."""
-        twin = self.fork()
-        for i, tried in enumerate(twin.tried):
-            if tried > self.prior_weight:
-                twin.tried[i], twin.accepted[i] = self.prior_weight, twin.accepted[i] * self.prior_weight / tried
-        twin.probes.wait, twin.probes.steps_at_zero = twin.probes.every, 0
-        twin.resumed_useless = True
-        return twin
 
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""
@@ -258,9 +219,6 @@ class AdaptiveDraftLength:
             self.verified_steps[k] = self.decay * self.verified_steps[k] + 1.0
             self.verified_sum[k] = self.decay * self.verified_sum[k] + verified
         self.probes.observed(num_accepted)
-        if num_drafted:
-            self.first_drafts += 1
-            self.first_accepted += int(num_accepted > 0)
         if asked > 0:  # what asking gave: a draft, or none (declined)
             self.asked = self.decay * self.asked + 1.0
             self.declined = self.decay * self.declined + float(num_drafted == 0)
@@ -278,38 +236,6 @@ class AdaptiveDraftLength:
             verify = self.cost_curve(self.verified_tokens(num_drafted) if verified is None else verified)
             step = clipped(seconds / decode_seconds, verify + self.overhead.predict(ran))  # in one-token decodes
             self.overhead.observe(ran, step - verify)
-
-
-class DraftLengthMemory:
-    """Which sampling settings a wrapper's drafter was found useless for, and what "auto" had learned then: a finished
-    generation that `found_useless` its drafter (no first draft accepted) is kept for its sampling setting, and
-    the next generation with that setting goes on from it (`AdaptiveDraftLength.resumed`): at k = 0 with its probe
-    schedule restarted, instead of drafting on the prior's 0.5 for the ~10-25 steps it takes to unlearn it. A generation that found the drafter useful forgets
-    the setting: the next starts from the prior, as a fresh wrapper's does. (Carrying every generation's estimates
-    made good heads slower, rounds 8 and 29: one poor stretch at the end of a call left the next call at k = 0 waiting
-    for probes.) Keyed by the sampling setting because acceptance depends on it; at most `max_settings` settings are
-    kept, the least recently finished forgotten first. A generation that stops early (a stream not read to its end)
-    teaches nothing; of two under way at once the one that finishes last decides. The engine does not use it for
-    seeded sampling (its k must not depend on earlier calls, or the same seed would give other tokens) nor batches."""
-
-    def __init__(self, max_settings: int = 8):
-        self.max_settings = max_settings
-        self._useless: OrderedDict = OrderedDict()  # setting -> the policy of a generation that found the drafter useless
-
-    def policy(self, setting, new_policy: Callable[[], AdaptiveDraftLength]) -> AdaptiveDraftLength:
-        """A policy for a generation with `setting`: resumed from the kept one, else `new_policy()`."""
-        kept = self._useless.get(setting)
-        return new_policy() if kept is None else kept.resumed()
-
-    def remembering(self, setting, policy: AdaptiveDraftLength, pieces: Iterator) -> Iterator:
-        """`pieces` (a decode loop driving `policy`), then, once they all ran, `policy` kept for `setting` if it found
-        the drafter useless, else the setting forgotten."""
-        yield from pieces
-        self._useless.pop(setting, None)
-        if policy.found_useless():
-            self._useless[setting] = policy
-            while len(self._useless) > self.max_settings:
-                self._useless.popitem(last=False)
 
 
 class ProbeSchedule:

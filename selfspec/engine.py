@@ -16,8 +16,8 @@ import torch
 from selfspec.attention_backends import engine_attention
 from selfspec.batch_draft_length import MeasuredRates
 from selfspec.draft_length import (
-    MAX_DRAFT_TOKENS, AdaptiveDraftLength, DraftLengthMemory, StepOverhead, capped_choice, draft_length_policy,
-    probe_asked, probe_in_shadow,
+    MAX_DRAFT_TOKENS, AdaptiveDraftLength, StepOverhead, capped_choice, draft_length_policy, probe_asked,
+    probe_in_shadow,
 )
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
@@ -120,7 +120,6 @@ class SelfSpecModel:
         self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
-        self._draft_lengths = DraftLengthMemory()  # sampling settings this wrapper's drafter was found useless for
         # nodes per step (0: chains); why "auto" chose chains (None when it did not, or for an explicit size)
         with self.few_row_linears or contextlib.nullcontext():  # (the tree probe's forwards run as verify forwards do)
             self.tree_size, self.chain_reason = choose_tree_size(tree_size, self.drafter, self.target,
@@ -269,13 +268,7 @@ class SelfSpecModel:
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
-        # "auto" starts at k = 0 where this wrapper's last call with the same sampling found the drafter useless (not
-        # seeded sampling: its k must not depend on earlier calls)
-        remembered = options.num_draft_tokens == "auto" and not options.reproducible
-        if remembered:
-            policy = self._draft_lengths.policy(options.sampling, lambda: self._draft_length_policy(options))
-        else:
-            policy = self._draft_length_policy(options)
+        policy = self._draft_length_policy(options)
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
@@ -285,8 +278,6 @@ class SelfSpecModel:
             generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
         recorder = StatsRecorder(self.drafter_bytes(), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
-        if remembered:
-            pieces = self._draft_lengths.remembering(options.sampling, policy, pieces)
         return prompt, self.engine_steps(pieces), recorder.stats
 
     def engine_steps(self, pieces):

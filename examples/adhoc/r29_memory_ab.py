@@ -1,6 +1,7 @@
 """Round 29 (Intel Xeon with AMX, one thread): what a wrapper's memory of "auto" across calls
-(`draft_length.DraftLengthMemory`: at 654f23a every finished call's policy carried on, since 9f5cb7c only a drafter
-found useless) does on SmolLM2, paired: each case's wrapper as shipped
+(`draft_length.DraftLengthMemory`: at 654f23a every finished call's policy carried on, at 9f5cb7c and 781d4ff only a
+drafter found useless; all three reverted in round 29, so this runs at 781d4ff or earlier, not at HEAD) does on
+SmolLM2, paired: each case's wrapper as shipped
 ("remember") against the same wrapper built with a memory that keeps nothing ("afresh", every call from the prior, as
 before round 29), on held-out chat prompts, 128 tokens, interleaved in a random order per prompt and round, each
 variant warmed up by one 32-token call per mode (as the benchmark does). Cases: the shipped EAGLE head (trees of 10,

@@ -6,10 +6,7 @@ import pytest
 import torch
 
 from selfspec import Draft, SelfSpecModel
-from selfspec.draft_length import (
-    AdaptiveDraftLength, DraftLengthMemory, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost,
-)
-from selfspec.sampling import SamplingConfig
+from selfspec.draft_length import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
 from selfspec.target import TargetModel
 from selfspec.drafters import MedusaDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -363,91 +360,6 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
         later = policy.chosen[len(policy.chosen) // 2 :]
         later_k[wrong] = sum(later) / len(later)
     assert later_k[True] < 0.5 and later_k[False] > 6
-
-
-def test_a_drafter_found_useless_starts_the_next_call_at_zero(monkeypatch, tmp_path):
-    """Scripted clock as above, default "auto". After a call in which an always-wrong drafter had no draft accepted,
-    the wrapper's next calls with the same sampling draft nothing (only shadow probes). An oracle's calls each start
-    from the prior, exactly as on a wrapper that remembers nothing. Every call returns the model's greedy tokens.
-    Catches (planted): the useless call's policy not kept (later calls draft as the first); every call's policy
-    kept, also a useful one's (the oracle's later calls differ from the memoryless wrapper's)."""
-    model = tiny_model("llama", seed=4)
-    prompt = random_prompt(6, seed=5)
-    continuation = model.generate(prompt, max_new_tokens=100, do_sample=False, eos_token_id=None, pad_token_id=2,
-                                  attention_mask=torch.ones_like(prompt))[0]
-    calls = {}
-    for wrong, remembers in ((True, True), (False, True), (False, False)):
-        monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path / f"{wrong}-{remembers}"))  # each its own cost curve
-        spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong))
-        if not remembers:
-            spec._draft_lengths = DraftLengthMemory(max_settings=0)
-        scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
-        outs = [spec.generate(prompt, max_new_tokens=100, eos_token_id=[]) for _ in range(3)]
-        assert all(torch.equal(out.sequences[0], continuation) for out in outs)
-        calls[wrong, remembers] = [out.stats for out in outs]
-    useless = calls[True, True]
-    assert useless[0].drafted >= 4 and useless[0].probed >= 1  # the first call learns from the prior: it drafts
-    assert all(stats.drafted == 0 and stats.probed >= 1 for stats in useless[1:])  # later ones only probe
-    assert_exercised(calls[False, True], rejected=False, what="oracle")
-    assert calls[False, True] == calls[False, False]
-
-
-def test_seeded_sampling_does_not_depend_on_earlier_calls(monkeypatch, tmp_path):
-    """A seed gives the same tokens on every call, although the wrapper has since found its drafter useless for that
-    sampling setting (here told so directly: this drafter is useful): seeded calls plan from the prior, as a fresh
-    wrapper's do. Catches (planted): seeded calls going on from the wrapper's memory (k = 0, other draws)."""
-    monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path))
-    model = sharpened(scrambled_model("llama", num_layers=4, seed=1), 4.0)  # its first 2 layers draft right often
-    prompt = random_prompt(6, seed=5)
-    spec = SelfSpecModel(model, drafter="early_exit", exit_layer=2)
-    spec.drafter.draft_cost = 0.0  # priced as free, so "auto" drafts for real
-    scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
-    sampled = {"do_sample": True, "max_new_tokens": 60, "eos_token_id": []}
-    first = spec.generate(prompt, seed=7, **sampled)
-    assert_exercised(first.stats, what="seeded")
-    useless = AdaptiveDraftLength(CPU_LIKE)
-    run_steps(useless, lambda i: False, 30)
-    list(spec._draft_lengths.remembering(SamplingConfig(do_sample=True), useless, iter([])))
-    torch.manual_seed(0)
-    unseeded = spec.generate(prompt, **sampled).stats  # goes on from it: starts at k = 0, probing
-    assert unseeded.probed >= 1 and unseeded.drafted < first.stats.drafted
-    again = spec.generate(prompt, seed=7, **sampled)
-    assert torch.equal(again.sequences, first.sequences)
-    assert again.stats.drafted == first.stats.drafted
-
-
-def test_draft_length_memory_keeps_settings_whose_drafter_was_found_useless():
-    """A generation that found the drafter useless is kept for its setting and the next goes on from it at k = 0 with
-    its evidence worth at most the prior's weight (so one accepted probe brings drafting back); a useful generation
-    forgets the setting; another setting, or a generation not run to its end, changes nothing; a resumed generation
-    that only probed and had none accepted confirms the finding; the least recently finished setting goes first."""
-    memory = DraftLengthMemory(max_settings=2)
-    new = lambda: AdaptiveDraftLength(CPU_LIKE)  # noqa: E731
-    useless = memory.policy("greedy", new)
-    run_steps(useless, lambda i: False, 30)
-    assert useless.found_useless() and useless.tried[0] > 5
-    list(memory.remembering("greedy", useless, iter([1, 2])))
-    resumed = memory.policy("greedy", new)
-    assert resumed is not useless and resumed.choose() == 0
-    assert resumed.tried[0] == 4.0 and useless.tried[0] > 5  # capped, on its own
-    resumed.observe(1, 1)  # one accepted probe
-    assert resumed.choose() > 0
-    assert memory.policy("sampled", new).acceptance()[0] == 0.5  # another setting: the prior
-    stopped = memory.remembering("greedy", resumed, iter([1, 2]))
-    next(stopped)
-    stopped.close()  # a stream left unread: nothing changes
-    assert memory.policy("greedy", new).choose() == 0
-    list(memory.remembering("greedy", resumed, iter([])))  # found useful: forgotten
-    assert memory.policy("greedy", new).acceptance()[0] == 0.5
-    list(memory.remembering("greedy", useless, iter([])))
-    quiet = memory.policy("greedy", new)
-    list(memory.remembering("greedy", quiet, iter([])))  # resumed, drafted nothing: still useless
-    assert memory.policy("greedy", new).choose() == 0
-    for setting in ("a", "b"):
-        kept = new()
-        run_steps(kept, lambda i: False, 30)
-        list(memory.remembering(setting, kept, iter([])))
-    assert memory.policy("greedy", new).acceptance()[0] == 0.5  # forgotten: two newer settings kept since
 
 
 class _WrongEvery:
