@@ -292,7 +292,7 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
     if planner is None:
         return [capped_choice(row.policy, row.stop.remaining - 1) for row in rows]
     caps = [min(row.stop.remaining - 1, getattr(row.drafter, "max_draft_tokens", row.stop.remaining)) for row in rows]
-    width = planner.choose([(row.policy, cap, row.stop.remaining) for row, cap in zip(rows, caps)])
+    width = planner.choose([(row.policy, cap) for row, cap in zip(rows, caps)])
     for row, cap in zip(rows, caps):
         row.asked = min(width, cap)
     return [row.asked for row in rows]

@@ -119,48 +119,26 @@ class BatchDraftLength:
         forward = self.cost_curve(num_rows * (1 + width) - 1)
         return forward + self.overhead.per_step + num_drafted * self.overhead.per_token
 
-    def choose(self, rows: list[tuple[AdaptiveDraftLength, int] | tuple[AdaptiveDraftLength, int, int]]) -> int:
-        """rows: (the row's acceptance estimates, the most drafts it may take this step[, the tokens it has left to
-        emit]) -> the width w that finishes the batch soonest (`remaining_time`); the returned w never exceeds the
-        largest cap (it is the padded block's draft part when the drafters deliver). Rows that do not say what they
-        have left are taken to have as much as each other."""
-        best, best_time, self._num_rows = 0, float("inf"), len(rows)
+    def choose(self, rows: list[tuple[AdaptiveDraftLength, int]]) -> int:
+        """rows: (the row's acceptance estimates, the most drafts it may take this step) -> the width w; the
+        returned w never exceeds the largest cap (it is the padded block's draft part when the drafters deliver)."""
+        best, best_rate, self._num_rows = 0, 0.0, len(rows)
         widest = min(1, self.max_draft_tokens)  # one width past the widest timed one
         while widest < self.max_draft_tokens and self._trusted(widest):
             widest += 1
-        expected = [row[0].expected_tokens_up_to(widest) for row in rows]  # [row][k]
-        left = [max(row[2], 1) if len(row) > 2 else 1 for row in rows]
+        expected = [policy.expected_tokens_up_to(widest) for policy, _ in rows]  # [row][k]
         for w in range(widest + 1):
-            ks = [max(0, min(w, row[1])) for row in rows]  # what each row drafts at this width
+            ks = [max(0, min(w, cap)) for _, cap in rows]  # what each row drafts at this width
             if w and max(ks) < w:  # capped: wider asks the same of every row
                 break
-            seconds = self.remaining_time([row_expected[k] for row_expected, k in zip(expected, ks)], ks, left)
-            if seconds * (1.0 + self.min_gain if w and not best else 1.0) < best_time:  # 1st w > 0 beats 0 by it
-                best, best_time = w, seconds
+            tokens = sum(row_expected[k] for row_expected, k in zip(expected, ks))
+            rate = tokens / self.step_cost(len(rows), w, sum(ks))
+            if rate > best_rate * (1.0 + self.min_gain if w and not best else 1.0):  # 1st w > 0 must beat w = 0 by it
+                best, best_rate = w, rate
         best = self._measured_down(best, len(rows))
         if best:
-            best = self._explore(best, max(row[1] for row in rows))
-        return self.probes.after(best, may_probe=any(row[1] > 0 for row in rows))
-
-    def remaining_time(self, tokens_per_step: list[float], drafts: list[int], tokens_left: list[int]) -> float:
-        """What the batch's remaining steps cost (one-row decodes) if every row r went on drafting drafts[r] a step,
-        emitting tokens_per_step[r] a step until its tokens_left[r] are out: row r leaves after s_r =
-        tokens_left[r] / tokens_per_step[r] steps, and until then each step is priced for the rows still in it, their
-        blocks padded to this step's widest W. The batch ends with its last row, so the tokens its fast rows gain
-        only shorten it by what their leaving saves; throughput over the rows in a step (the objective before round
-        30) missed that: on the reference model at batch 16, w = 1 emitted 1.14x the tokens per second of w = 0
-        while all rows were in, and finished no sooner, its rows then trailing out over ~25 steps of few rows
-        (`examples/adhoc/r30_batch_widths.py`). The forward's cost is taken on the chord of the curve between one
-        row's block and all rows' (`cost_curve` at W and at B * (1 + W) - 1: exact where the curve is straight, as
-        a CPU's nearly is), which sums in closed form, (chord at one row + per step) * max_r s_r + (the chord's cost
-        of a row's block) * sum_r s_r + per token * sum_r s_r * drafts[r]: no sort, two curve lookups a width
-        (pricing each departure on the curve cost ~0.5 ms a step at batch 16, ~3 % of the reference model's)."""
-        num_rows, width = len(drafts), max(drafts)
-        steps = [left / tokens for left, tokens in zip(tokens_left, tokens_per_step)]
-        one_row = self.cost_curve(width)  # one block of 1 + width tokens: total - 1 = width
-        per_row = (self.cost_curve(num_rows * (1 + width) - 1) - one_row) / (num_rows - 1) if num_rows > 1 else 0.0
-        return ((one_row - per_row + self.overhead.per_step) * max(steps) + per_row * sum(steps)
-                + self.overhead.per_token * sum(s * k for s, k in zip(steps, drafts)))
+            best = self._explore(best, max(cap for _, cap in rows))
+        return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows))
 
     def measured_rate(self, num_rows: int, width: int) -> float | None:
         """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted (`MeasuredRates.rate`)."""

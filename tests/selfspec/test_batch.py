@@ -365,16 +365,15 @@ def test_a_wrapper_drafting_auto_trees_decodes_batches_as_chains(monkeypatch):
 
 def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():
     """Under the batch's width each row is asked at most its drafter's `max_draft_tokens` (Medusa: one per head) and
-    its budget, and the planner prices those caps (round 18: it priced a width of 5 for 4 heads) and what each row
-    has left to emit (the batch lasts as long as its slowest row, round 30).
-    Catches (planted): caps from the budget only; the tokens left not passed (or the caps passed as them)."""
+    its budget, and the planner prices those caps (round 18: it priced a width of 5 for 4 heads).
+    Catches (planted): caps from the budget only."""
     from types import SimpleNamespace
 
     from selfspec.batch import _draft_lengths
 
     class Planner:
         def choose(self, rows):
-            self.caps, self.left = [cap for _, cap, _ in rows], [left for _, _, left in rows]
+            self.caps = [cap for _, cap in rows]
             return 8
 
     medusa = SimpleNamespace(max_draft_tokens=4)
@@ -382,4 +381,4 @@ def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():
             for r, d in [(100, medusa), (3, medusa), (100, object())]]
     planner = Planner()
     assert _draft_lengths(rows, planner) == [4, 2, 8]
-    assert planner.caps == [4, 2, 99] and planner.left == [100, 3, 100]
+    assert planner.caps == [4, 2, 99]

@@ -25,12 +25,12 @@ CPU_LIKE = VerifyCost(tuple(1 + 0.15 * k for k in range(9)))  # linear: one more
 NEARLY_FLAT = VerifyCost(tuple(1 + 0.01 * k for k in range(9)))  # a large GPU: dozens of tokens cost about one
 
 
-def row(rate: float, cap: int = 8, left: int | None = None) -> tuple:
+def row(rate: float, cap: int = 8) -> tuple[AdaptiveDraftLength, int]:
     """A row whose every draft position is accepted with probability `rate` (as if after 1,000 observations),
-    allowed `cap` drafts this step, with `left` tokens still to emit (None: as many as every other row)."""
+    allowed `cap` drafts this step."""
     policy = AdaptiveDraftLength(CPU_LIKE, prior_acceptance=rate, learn_step_cost=False)
     policy.tried, policy.accepted = [1000.0] * 8, [1000.0 * rate] * 8
-    return (policy, cap) if left is None else (policy, cap, left)
+    return policy, cap
 
 
 def priced(curve: VerifyCost, **kwargs) -> BatchDraftLength:
@@ -53,34 +53,14 @@ def test_a_cheap_forward_and_good_drafts_draft_the_most():
     """Acceptance 0.9 on a nearly flat curve: 8 rows at w = 8 verify 72 tokens for about 1.7 decodes.
     Catches (planted): the widths searched stopping short of max_draft_tokens (w = 7)."""
     assert priced(NEARLY_FLAT).choose([row(0.9) for _ in range(8)]) == 8
-
-
-def test_the_batch_ends_with_its_slowest_row():
-    """A batch returns when its last row ends, so a width is worth what it saves of the whole batch's time, not the
-    tokens per second of its steps. Rows at 0.9 and at 0.1 on a nearly flat curve: w = 8 would give the good rows 6
-    tokens a step, but the batch would still wait for the poor ones, at 1.1 a step, while every step verified the
-    wide block; one draft a row gets the poor rows nearly as far for a narrower block. Where the good rows have the
-    most left to emit, they are the ones the batch waits for, and it drafts wide for them; where they have little
-    left, it does not. On a CPU-like curve three good rows draft 4 (a wider block costs three rows' tokens), but
-    where two of them are about to end, the steps after are the third row's alone, which drafts nearly as one row
-    does (8).
-    Catches (planted): the objective before round 30, the tokens per second of a step over the rows in it (w = 8 for
-    the mixed rows); rows' tokens left ignored (the same width whichever rows have more left); every step priced for
-    every row (rows that ran out never leaving: w = 4 with two rows about to end)."""
-    assert priced(NEARLY_FLAT).choose([row(0.9), row(0.1), row(0.9), row(0.1)]) == 1
-    good_last = priced(NEARLY_FLAT).choose([row(0.9, left=64), row(0.1, left=4), row(0.9, left=64), row(0.1, left=4)])
-    good_first = priced(NEARLY_FLAT).choose([row(0.9, left=4), row(0.1, left=64), row(0.9, left=4), row(0.1, left=64)])
-    assert good_last == 8 and good_first < 2
-    assert priced(CPU_LIKE).choose([row(0.9, left=64) for _ in range(3)]) == 4
-    assert priced(CPU_LIKE).choose([row(0.9, left=4), row(0.9, left=4), row(0.9, left=64)]) == 7
+    assert priced(NEARLY_FLAT).choose([row(0.9), row(0.1), row(0.9), row(0.1)]) == 8
 
 
 def test_row_budgets_bound_the_width_and_what_it_gains():
-    """Rows allowed 2 and 1 drafts, with 3 and 2 tokens left: the width is 2, not 8 (the block is no wider). Three
-    rows about to finish (cap 0) and one that may draft: the others' padding is paid for one row's gain, which does
-    not repay it.
+    """Rows allowed 2 drafts: the width is 2, not 8 (the block is no wider). Three rows about to finish (cap 0) and
+    one that may draft: the others' padding is paid for one row's gain, which does not repay it.
     Catches (planted): each row's gain counted at w, not at its cap (w = 1 with three finishing rows)."""
-    assert priced(NEARLY_FLAT).choose([row(1.0, cap=2, left=3), row(1.0, cap=1, left=2)]) == 2
+    assert priced(NEARLY_FLAT).choose([row(1.0, cap=2), row(1.0, cap=1)]) == 2
     assert priced(CPU_LIKE).choose([row(0.6) for _ in range(4)]) > 0
     assert priced(CPU_LIKE).choose([row(0.6, cap=0), row(0.6, cap=0), row(0.6, cap=0), row(0.6)]) == 0
 
@@ -313,7 +293,7 @@ def test_batch_rows_learn_that_their_drafter_declines(monkeypatch):
     spec.generate(prompts_of_different_lengths(), max_new_tokens=30, eos_token_id=[])
     (planner,) = recorded.batches
     assert spec.drafter.asked > 10
-    assert all(0.3 < policy.decline_rate() < 0.9 for policy, *_ in planner.rows)
+    assert all(0.3 < policy.decline_rate() < 0.9 for policy, _ in planner.rows)
 
 
 class _Recorded:
@@ -331,8 +311,8 @@ class _Recorded:
 
             def choose(self, rows):
                 width = super().choose(rows)
-                self.steps.append((width, [row[1] for row in rows]))
-                self.rows = rows  # the latest step's (row policy, cap, tokens left)
+                self.steps.append((width, [cap for _, cap in rows]))
+                self.rows = rows  # the latest step's (row policy, cap)
                 return width
 
         monkeypatch.setattr(selfspec.batch, "BatchDraftLength", Recording)
