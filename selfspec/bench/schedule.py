@@ -34,17 +34,19 @@ class Deadline:
 
 
 def run_schedule(methods: list[Method], prompts: list[torch.Tensor], modes, repeats: int, seed: int, label: str,
-                 deadline: Deadline) -> tuple[list[Entry], bool]:
+                 deadline: Deadline, modes_of: dict[str, tuple[Mode, ...]] | None = None) -> tuple[list[Entry], bool]:
     """(entries of the finished rounds, True if the deadline stopped it). The method order is shuffled for each
     (round, prompt, mode) so no method always follows another (caches, allocator and CPU-frequency state are shared);
-    a round the deadline interrupts is dropped whole, so every kept round has every method on every prompt."""
+    a round the deadline interrupts is dropped whole, so every kept round has every method on every prompt.
+    modes_of: {method name: the modes it runs in} for methods that run in only some of `modes` (others run in all)."""
     entries, started = [], time.perf_counter()
-    total = repeats * len(prompts) * len(modes) * len(methods)
+    runs_in = lambda method, mode: mode in (modes_of or {}).get(method.name, modes)  # noqa: E731
+    total = repeats * len(prompts) * sum(runs_in(method, mode) for method in methods for mode in modes)
     for round_ in range(repeats):
         this_round = []
         for p, prompt in enumerate(prompts):
             for m, mode in enumerate(modes):
-                order = list(methods)
+                order = [method for method in methods if runs_in(method, mode)]
                 random.Random(f"{seed}/{round_}/{p}/{m}").shuffle(order)
                 for method in order:
                     if deadline.passed:

@@ -367,6 +367,42 @@ def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeyp
     assert all(r["speedup"] > 0 and r["vs_speculation_off"] > 0 for r in records)
 
 
+def test_useless_cases_share_one_schedule_and_its_baselines(monkeypatch):
+    """Every case runs in one schedule, so each (round, prompt, mode) block runs generate and speculation off once
+    for all the cases of that mode (each case in its own schedule spent two thirds of the check on baselines); the
+    rows still pair each case with the baselines' runs of its own blocks. Catches (planted): a schedule per case (4
+    schedules, the baselines run once per case)."""
+    from selfspec.bench.models import Loaded
+    from selfspec.bench import run as bench_run
+    from selfspec.bench.run import useless_drafts
+    from selfspec.bench.schedule import Deadline, run_schedule
+    from selfspec.bench.settings import BenchSettings
+
+    model = tiny_text_model(seed=0, dtype=torch.float64)
+    loaded = Loaded(model, tiny_tokenizer(), None, None, None, None, 1, 1, None, None)
+    settings = BenchSettings(max_new_tokens=3, useless_prompts=2, repeats=2, seed=0)
+    schedules = []
+
+    def recorded(*args, **kwargs):
+        finished, stopped = run_schedule(*args, **kwargs)
+        schedules.append(finished)
+        return finished, stopped
+
+    monkeypatch.setattr(bench_run, "run_schedule", recorded)
+    prompts = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10, 11]])]
+    records, stopped = useless_drafts(settings, loaded, prompts, Deadline(None), [])
+    assert not stopped and len(schedules) == 1
+    cases = {r["method"] for r in records}
+    assert len(cases) >= 4 and {r["case"] for r in records} >= {"random drafts", "fresh SelfSpecModel per call"}
+    blocks = {}
+    for e in schedules[0]:
+        blocks.setdefault((e.round, e.prompt, e.mode.name), []).append(e.method.name)
+    assert len(blocks) == 2 * 2 * 2  # rounds x prompts x modes (greedy, sampled)
+    for names in blocks.values():
+        assert sorted(names) == sorted(["generate", "selfspec speculation off", *cases])
+    assert all(r["rounds"] == 2 and r["runs"] == 4 for r in records)
+
+
 def test_useless_prompts_zero_leaves_the_check_out(monkeypatch):
     from selfspec.bench import run as bench_run
     from selfspec.bench.schedule import Deadline
