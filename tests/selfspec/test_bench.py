@@ -370,7 +370,7 @@ def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeyp
 def test_useless_cases_share_one_schedule_and_its_baselines(monkeypatch):
     """Every case runs in one schedule, so each (round, prompt, mode) block runs generate and speculation off once
     for all the cases of that mode (each case in its own schedule spent two thirds of the check on baselines); the
-    rows still pair each case with the baselines' runs of its own blocks. Catches (planted): a schedule per case (4
+X
     schedules, the baselines run once per case)."""
     from selfspec.bench.models import Loaded
     from selfspec.bench import run as bench_run
