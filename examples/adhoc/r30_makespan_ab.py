@@ -58,7 +58,8 @@ class OldPlanner(BatchDraftLength):
 
 def wrapper() -> SelfSpecModel:
     spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer)
-    start = verify_cost._read_curve(spec.batch_verify_cost().path) or verify_cost.straight(spec.verify_cost().snapshot())
+    kept = spec.batch_verify_cost().path
+    start = verify_cost._read_curve(kept) or verify_cost.straight(spec.verify_cost().snapshot())
     spec._batch_verify_cost = verify_cost.batch_cost_curve(start, None)
     return spec
 

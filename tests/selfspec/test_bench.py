@@ -370,8 +370,9 @@ def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeyp
 def test_useless_cases_share_one_schedule_and_its_baselines(monkeypatch):
     """Every case runs in one schedule, so each (round, prompt, mode) block runs generate and speculation off once
     for all the cases of that mode (each case in its own schedule spent two thirds of the check on baselines); the
-X
-    schedules, the baselines run once per case)."""
+    rows still pair each case with the baselines' runs of its own blocks. Catches (planted): a schedule per case (5
+    here, the baselines run once per case). A case run in modes it does not name (`modes_of` ignored: weak heads in
+    greedy) is caught by test_bench_runs_end_to_end_and_writes_json_and_markdown."""
     from selfspec.bench.models import Loaded
     from selfspec.bench import run as bench_run
     from selfspec.bench.run import useless_drafts
