@@ -220,8 +220,9 @@ def useless_drafts(settings: BenchSettings, loaded: Loaded, prompts, deadline, n
     """Every useless-drafts case in one schedule beside generate and speculation off, on the same prompts: each
     (round, prompt, mode) runs both baselines and every case of that mode, in a random order, so the baselines' runs
     serve every case. Until round 30 each case ran in its own schedule with its own baselines' runs, two thirds of
-    the check's time: SmolLM2's 3 rounds took ~45 minutes, and at 3 rounds a row's median could not tell 0.95x from
-    1.00x on a noisy machine (rows that drafted nothing read 0.90-0.95x, round 29); the same time now buys ~7."""
+    the check's time, and at the 3 rounds SmolLM2 could afford (43 minutes in all) a row's median could not tell
+    0.95x from 1.00x on a noisy machine (rows that drafted nothing read 0.90-0.95x, round 29); round 30 ran 6 rounds in
+    58 minutes."""
     if not settings.useless_prompts:  # --useless-prompts 0: the check is left out
         return [], False
     n = settings.max_new_tokens
