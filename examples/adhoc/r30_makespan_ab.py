@@ -5,6 +5,7 @@ variant its own wrapper, every curve started from the kept one and saved nowhere
 reference (Medusa heads, code prompts, MAX_NEW default 96) or smollm2 (EAGLE head, chat prompts, MAX_NEW default 64);
 both stop at EOS, as the batch benchmark runs them. Prints each variant's median seconds and the median per-round ratio
 k0 / variant, and checks rows are identical.
+Runs only at f3201c8-5195e34: the planner it measures (`BatchDraftLength.remaining_time`) was reverted.
 Usage: python examples/adhoc/r30_makespan_ab.py MODEL ROUNDS [B] [MAX_NEW]   (from the repository root, with
 PYTHONPATH=examples/adhoc)"""
 import statistics
