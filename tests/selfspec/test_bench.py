@@ -335,15 +335,29 @@ def test_skip_leaves_out_named_rows_but_never_the_baselines():
     assert len(all_names) == len(names) + 2
 
 
+def _useless_drafts_recorded(monkeypatch, settings, loaded, prompts):
+    """(records, stopped, the entries of each schedule it ran) of the benchmark's useless-drafts check."""
+    from selfspec.bench import run as bench_run
+    from selfspec.bench.schedule import Deadline, run_schedule
+
+    schedules = []
+
+    def recorded(*args, **kwargs):
+        finished, stopped = run_schedule(*args, **kwargs)
+        schedules.append(finished)
+        return finished, stopped
+
+    monkeypatch.setattr(bench_run, "run_schedule", recorded)
+    records, stopped = bench_run.useless_drafts(settings, loaded, prompts, Deadline(None), [])
+    return records, stopped, schedules
+
+
 def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeypatch):
     """Sampled methods draw different tokens, so with an EOS stop their runs end at different lengths and a short
     run's tokens/s carries more prefill: the useless-drafts check compares equal work. Here EOS is the token the
     model emits first, so any method that stopped at it would return 1 token. Catches (planted): the baselines or
     the cases built with the tokenizer's EOS."""
     from selfspec.bench.models import Loaded
-    from selfspec.bench import run as bench_run
-    from selfspec.bench.run import useless_drafts
-    from selfspec.bench.schedule import Deadline, run_schedule
     from selfspec.bench.settings import BenchSettings
 
     model, n = tiny_text_model(seed=0, dtype=torch.float64), 5
@@ -351,15 +365,8 @@ def test_useless_drafts_runs_decode_exactly_max_new_tokens_even_past_eos(monkeyp
     first = int(model.generate(prompt, max_new_tokens=1, do_sample=False, pad_token_id=0)[0, -1])
     loaded = Loaded(model, tiny_tokenizer(), None, None, None, None, 1, 1, None, first)
     settings = BenchSettings(max_new_tokens=n, useless_prompts=1, repeats=1, seed=0)
-    entries = []
-
-    def recorded(*args, **kwargs):
-        finished, stopped = run_schedule(*args, **kwargs)
-        entries.extend(finished)
-        return finished, stopped
-
-    monkeypatch.setattr(bench_run, "run_schedule", recorded)
-    records, stopped = useless_drafts(settings, loaded, [prompt], Deadline(None), [])
+    records, stopped, schedules = _useless_drafts_recorded(monkeypatch, settings, loaded, [prompt])
+    entries = [e for schedule in schedules for e in schedule]
     assert not stopped and {r["case"] for r in records} >= {"random drafts", "fresh SelfSpecModel per call"}
     assert {e.method.name for e in entries} >= {"generate", "selfspec speculation off"}
     for e in entries:  # the baselines' runs as well as the cases'
@@ -374,24 +381,13 @@ def test_useless_cases_share_one_schedule_and_its_baselines(monkeypatch):
     here, the baselines run once per case). A case run in modes it does not name (`modes_of` ignored: weak heads in
     greedy) is caught by test_bench_runs_end_to_end_and_writes_json_and_markdown."""
     from selfspec.bench.models import Loaded
-    from selfspec.bench import run as bench_run
-    from selfspec.bench.run import useless_drafts
-    from selfspec.bench.schedule import Deadline, run_schedule
     from selfspec.bench.settings import BenchSettings
 
     model = tiny_text_model(seed=0, dtype=torch.float64)
     loaded = Loaded(model, tiny_tokenizer(), None, None, None, None, 1, 1, None, None)
     settings = BenchSettings(max_new_tokens=3, useless_prompts=2, repeats=2, seed=0)
-    schedules = []
-
-    def recorded(*args, **kwargs):
-        finished, stopped = run_schedule(*args, **kwargs)
-        schedules.append(finished)
-        return finished, stopped
-
-    monkeypatch.setattr(bench_run, "run_schedule", recorded)
     prompts = [torch.tensor([[5, 6, 7, 8]]), torch.tensor([[9, 10, 11]])]
-    records, stopped = useless_drafts(settings, loaded, prompts, Deadline(None), [])
+    records, stopped, schedules = _useless_drafts_recorded(monkeypatch, settings, loaded, prompts)
     assert not stopped and len(schedules) == 1
     cases = {r["method"] for r in records}
     assert len(cases) >= 4 and {r["case"] for r in records} >= {"random drafts", "fresh SelfSpecModel per call"}
