@@ -2,6 +2,7 @@
 
     selfspec generate --model runs/reference-model --prompt "def main():" --max-new-tokens 64
     selfspec generate --model DIR --heads DIR --chat --prompt "Write a haiku" --temperature 0.7 --seed 0
+    selfspec generate --model DIR --heads DIR --prompts-file prompts.jsonl > completions.jsonl   # one batch
     selfspec bench --help            # = python -m selfspec.bench --help
     selfspec train-heads --help      # = python -m training.heads --help
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -126,9 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_generate(commands) -> None:
     g = commands.add_parser(
         "generate",
-        help="complete a prompt, streaming the text as the verifier accepts it",
+        help="complete a prompt, streaming the text as the verifier accepts it (or a file of prompts, as one batch)",
         description="Complete one prompt. The completion streams to stdout as tokens are accepted; a one-line summary "
-        "(tokens/s, tokens per target forward, acceptance, memory) goes to stderr.",
+        "(tokens/s, tokens per target forward, acceptance, memory) goes to stderr. With --prompts-file, complete "
+        "every prompt of a JSON Lines file together, as one batch, and print one JSON object per prompt.",
         epilog="Decoding is greedy unless one of --do-sample, --temperature T > 0, --top-k, --top-p is given: a "
         "sampling setting without sampling would be silently ignored (as transformers' generate ignores it when "
         "do_sample=False), so giving one turns sampling on. --temperature 0 means greedy, as in OpenAI-style APIs. "
@@ -175,6 +178,10 @@ def _add_generate(commands) -> None:
     source = prompt.add_mutually_exclusive_group(required=True)
     source.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     source.add_argument("--prompt-file", type=_existing_file, metavar="FILE", help="read the prompt from FILE (- for stdin)")
+    source.add_argument("--prompts-file", type=_existing_file, metavar="FILE",
+                        help="several prompts decoded together as one batch: a JSON Lines file (- for stdin), each "
+                        'line a JSON string or an object with a "prompt" string; prints one JSON object per prompt, in '
+                        'order, with its "index", "text" and "new_tokens", once the batch is done')
     prompt.add_argument("--chat", action="store_true",
                         help="send the prompt as one user message through the tokenizer's chat template; default: off, "
                         "the prompt is plain text to continue")
@@ -226,13 +233,35 @@ def _sampling(args) -> dict:
     }
 
 
-def _read_prompt(args) -> str:
-    if args.prompt is not None:
-        return args.prompt
-    if args.prompt_file == "-":
+def _read_text(path: str) -> str:
+    if path == "-":
         return sys.stdin.read()
-    with open(args.prompt_file, encoding="utf-8") as f:
+    with open(path, encoding="utf-8") as f:
         return f.read()
+
+
+def _read_prompt(args) -> str:
+    return args.prompt if args.prompt is not None else _read_text(args.prompt_file)
+
+
+def _read_prompts(path: str) -> list[str]:
+    """A JSON Lines file -> its prompts: each non-blank line a JSON string or an object with a "prompt" string."""
+    prompts = []
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UsageError(f"--prompts-file {path}, line {number}: not JSON ({err.msg})") from None
+        prompt = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(prompt, str):
+            raise UsageError(f'--prompts-file {path}, line {number}: expected a JSON string or an object with a '
+                             f'"prompt" string, got {line.strip()[:60]}')
+        prompts.append(prompt)
+    if not prompts:
+        raise UsageError(f"--prompts-file {path}: no prompts in it (one JSON string or object per line)")
+    return prompts
 
 
 def _load(args):
@@ -268,15 +297,22 @@ def _load(args):
     return engine
 
 
+def _as_prompt(text: str, chat: bool):
+    return [{"role": "user", "content": text}] if chat else text
+
+
 def _generate(args) -> int:
-    text = _read_prompt(args)
+    texts = _read_prompts(args.prompts_file) if args.prompts_file is not None else None
+    text = _read_prompt(args) if texts is None else None
     sampling = _sampling(args)
     engine = _load(args)
-    prompt = [{"role": "user", "content": text}] if args.chat else text
     options = dict(
         max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, seed=args.seed,
         eos_token_id=args.eos_token_id, stop_strings=args.stop, **sampling,
     )
+    if texts is not None:
+        return _generate_batch(engine, [_as_prompt(t, args.chat) for t in texts], options)
+    prompt = _as_prompt(text, args.chat)
     out = sys.stdout
     if args.no_stream:
         result = engine.generate(prompt, **options)
@@ -294,6 +330,18 @@ def _generate(args) -> int:
     out.flush()
     shape = f"trees of up to {engine.tree_size} drafts" if engine.tree_size else "chains of drafts"
     print(f"{stats.summary()}, {shape}", file=sys.stderr, flush=True)
+    return 0
+
+
+def _generate_batch(engine, prompts: list, options: dict) -> int:
+    """Every prompt decoded together (`SelfSpecModel.generate` on the list); one JSON object per prompt on stdout,
+    in input order, and the batch's summary on stderr."""
+    result = engine.generate(prompts, **options)
+    for index, (completion, stats) in enumerate(zip(result.text, result.row_stats)):
+        record = {"index": index, "text": completion, "new_tokens": stats.new_tokens}
+        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+    print(f"{result.stats.summary()}, {len(prompts)} prompt(s) decoded together", file=sys.stderr, flush=True)
     return 0
 
 

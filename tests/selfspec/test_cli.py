@@ -79,7 +79,7 @@ def test_help_everywhere():
         done = run_cli(*args, timeout=60)
         assert done.returncode == 0 and "usage: selfspec" in done.stdout
     generate_help = run_cli("generate", "--help", timeout=60).stdout
-    for flag in ("--model", "--heads", "--prompt-file", "--chat", "--drafter", "--max-new-tokens", "--temperature",
+    for flag in ("--model", "--heads", "--prompt-file", "--prompts-file", "--chat", "--drafter", "--max-new-tokens", "--temperature",
                  "--top-k", "--top-p", "--num-draft-tokens", "--seed", "--dtype", "--device", "--threads", "--no-stream"):
         assert flag in generate_help
     assert generate_help.count("default") >= 15  # each default says why
@@ -139,6 +139,48 @@ def test_chat_stop_eos_and_sampling_flags_reach_generate(model_dir, reference, c
     code, out, _ = run_main(capsys, *base, *sampled)
     expected = reference.generate(PROMPT, max_new_tokens=20, do_sample=True, temperature=0.8, top_k=50, seed=3)
     assert code == 0 and out == expected.text
+
+
+def test_prompts_file_decodes_every_prompt_together_and_prints_json_lines(model_dir, reference, capsys, tmp_path,
+                                                                           monkeypatch):
+    import json
+
+    import selfspec.batch
+
+    texts = [PROMPT, "Bonjour, crème", "Café"]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(f'{json.dumps(texts[0])}\n\n{json.dumps({"prompt": texts[1], "id": "b"})}\n{json.dumps(texts[2])}\n',
+                    encoding="utf-8")
+    batches = []
+    decode_batch = selfspec.batch.generate_batch
+    monkeypatch.setattr(selfspec.batch, "generate_batch",
+                        lambda spec, prompts, *a: batches.append(len(prompts)) or decode_batch(spec, prompts, *a))
+    code, out, err = run_main(capsys, "generate", "--model", model_dir, "--prompts-file", str(path),
+                              "--max-new-tokens", "20", "--threads", "1")
+    assert code == 0 and batches == [3]  # one batch of all three, not three calls
+    records = [json.loads(line) for line in out.splitlines()]
+    expected = [reference.generate(text, max_new_tokens=20) for text in texts]
+    assert [r["index"] for r in records] == [0, 1, 2]
+    assert [r["text"] for r in records] == [e.text for e in expected]
+    assert [r["new_tokens"] for r in records] == [e.stats.new_tokens for e in expected] == [20, 20, 20]
+    assert len(err.strip().splitlines()) == 1 and "3 prompt(s) decoded together" in err
+    code, out, _ = run_main(capsys, "generate", "--model", model_dir, "--prompts-file", str(path), "--chat",
+                            "--max-new-tokens", "8", "--threads", "1")
+    chat = reference.generate([{"role": "user", "content": texts[1]}], max_new_tokens=8).text
+    assert code == 0 and json.loads(out.splitlines()[1])["text"] == chat
+
+
+def test_prompts_file_mistakes_say_which_line(model_dir, capsys, tmp_path):
+    cases = [("\"fine\"\n{not json\n", ["line 2", "not JSON"]), ('{"text": "x"}\n', ["line 1", '"prompt" string']),
+             ("[1, 2]\n", ["line 1"]), ("\n  \n", ["no prompts"])]
+    for content, words in cases:
+        path = tmp_path / "prompts.jsonl"
+        path.write_text(content, encoding="utf-8")
+        code, out, err = run_main(capsys, "generate", "--model", model_dir, "--prompts-file", str(path))
+        assert_one_line_error(code, err, "--prompts-file", *words)
+        assert out == ""
+    code, _, err = run_main(capsys, "generate", "--model", model_dir, "--prompts-file", str(path), "--prompt", "x")
+    assert_one_line_error(code, err, "not allowed with")
 
 
 @pytest.mark.parametrize(
