@@ -79,8 +79,9 @@ def test_help_everywhere():
         done = run_cli(*args, timeout=60)
         assert done.returncode == 0 and "usage: selfspec" in done.stdout
     generate_help = run_cli("generate", "--help", timeout=60).stdout
-    for flag in ("--model", "--heads", "--prompt-file", "--prompts-file", "--chat", "--drafter", "--max-new-tokens", "--temperature",
-                 "--top-k", "--top-p", "--num-draft-tokens", "--seed", "--dtype", "--device", "--threads", "--no-stream"):
+    for flag in ("--model", "--heads", "--prompt-file", "--prompts-file", "--chat", "--drafter", "--max-new-tokens",
+                 "--temperature", "--top-k", "--top-p", "--num-draft-tokens", "--seed", "--dtype", "--device", "--threads",
+                 "--no-stream"):
         assert flag in generate_help
     assert generate_help.count("default") >= 15  # each default says why
 
@@ -149,8 +150,8 @@ def test_prompts_file_decodes_every_prompt_together_and_prints_json_lines(model_
 
     texts = [PROMPT, "Bonjour, crème", "Café"]
     path = tmp_path / "prompts.jsonl"
-    path.write_text(f'{json.dumps(texts[0])}\n\n{json.dumps({"prompt": texts[1], "id": "b"})}\n{json.dumps(texts[2])}\n',
-                    encoding="utf-8")
+    lines = [json.dumps(texts[0]), "", json.dumps({"prompt": texts[1], "id": "b"}), json.dumps(texts[2])]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     batches = []
     decode_batch = selfspec.batch.generate_batch
     monkeypatch.setattr(selfspec.batch, "generate_batch",
