@@ -80,8 +80,8 @@ def test_help_everywhere():
         assert done.returncode == 0 and "usage: selfspec" in done.stdout
     generate_help = run_cli("generate", "--help", timeout=60).stdout
     for flag in ("--model", "--heads", "--prompt-file", "--prompts-file", "--chat", "--drafter", "--max-new-tokens",
-                 "--temperature", "--top-k", "--top-p", "--num-draft-tokens", "--seed", "--dtype", "--device", "--threads",
-                 "--no-stream"):
+                 "--temperature", "--top-k", "--top-p", "--num-draft-tokens", "--seed", "--dtype", "--device",
+                 "--threads", "--no-stream"):
         assert flag in generate_help
     assert generate_help.count("default") >= 15  # each default says why
 
