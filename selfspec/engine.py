@@ -31,7 +31,7 @@ from selfspec.target import TargetModel
 from selfspec.tree_forward import choose_tree_size, resolve_min_node_probability
 from selfspec.verifier import Verdict
 from selfspec.verify_cost import (
-    LearnedVerifyCost, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
+    LearnedVerifyCost, kept_one_row, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
 )
 from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
 
@@ -114,6 +114,8 @@ class SelfSpecModel:
         self.few_row_linears = (FewRowLinears(model, draft_modules=drafter_modules(self.drafter, self.target),
                                               draft_bfloat16=self.draft_dtype is torch.bfloat16)
                                 if self.few_row_kernel else None)
+        if self.few_row_linears is not None:  # plain decoding's one-row products too, where the kernel is faster here
+            self.few_row_linears.route_one_row(kept_one_row(self.target, self.few_row_linears.one_row_pays))
         self._verify_cost: LearnedVerifyCost | None = None
         self._batch_verify_cost: LearnedVerifyCost | None = None
         self._batch_shapes: set[tuple[int, int]] = set()  # (rows, 1 + width) blocks a batch's forward already ran
@@ -161,7 +163,7 @@ class SelfSpecModel:
         pause."""
         if self._verify_cost is None:
             self._verify_cost = learned_verify_cost(self.target, tree=bool(self.tree_size),
-                                                    few_row_kernel=self.few_row_kernel)
+                                                    few_row_kernel=self._kernel_route())
         return self._verify_cost
 
     def batch_verify_cost(self) -> LearnedVerifyCost:
@@ -170,10 +172,17 @@ class SelfSpecModel:
         from `verify_cost()`, started from it when nothing was kept, refined by every batch and kept after each."""
         if self._batch_verify_cost is None:  # batches verify chains: started from the chain curve in a tree wrapper too
             chains = self.verify_cost() if not self.tree_size else learned_verify_cost(
-                self.target, few_row_kernel=self.few_row_kernel)
+                self.target, few_row_kernel=self._kernel_route())
             self._batch_verify_cost = learned_batch_verify_cost(self.target, chains.snapshot(),
-                                                                few_row_kernel=self.few_row_kernel)
+                                                                few_row_kernel=self._kernel_route())
         return self._batch_verify_cost
+
+    def _kernel_route(self) -> bool | str:
+        """What the kernel takes of the model's products, as the cost curves' key tells it: False (nothing), True (2-32
+        rows) or "one row" (1-32 rows: plain decoding's steps too, so a decode, the curve's unit, is faster)."""
+        if self.few_row_linears is not None and self.few_row_linears.one_row:
+            return "one row"
+        return self.few_row_kernel
 
     def batch_step_overhead(self) -> StepOverhead:
         """What a batch's step costs beyond its verify forward (per step, and per drafted token: the drafter, each row's

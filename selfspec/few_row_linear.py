@@ -37,8 +37,10 @@ import logging
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -52,6 +54,9 @@ from selfspec.attention_backends import each_resumption
 # trees of up to 31 nodes), where the kernel was measured faster (round 15's AMD EPYC: still 0.6-0.8x of F.linear's
 # time over 32-48 rows, so the bound is conservative here); a CPU with a faster small-M GEMM may catch up sooner.
 MIN_ROWS, MAX_ROWS = 2, 32
+# Plain decoding's one-row products go through the kernel too where it measures at most this fraction of F.linear's
+# time (`one_row_pays`): a clear gain, not a coin toss between two equal paths on a noisy machine.
+ONE_ROW_GAIN = 0.9
 SOURCE = Path(__file__).parent / "kernels" / "few_row_linear.c"
 FLAGS = ["-O3", "-shared", "-fPIC"]
 # The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (round 18's Intel
@@ -144,7 +149,8 @@ class FewRowLinears:
     (accelerate's offloading hooks, a user's patch), or whose input size is not a multiple of 8, is left alone.
     draft_modules: a drafter's modules, routed the same way, or with `draft_bfloat16` through the kernel's bfloat16
     weights for 1..MAX_ROWS rows (one row too: a drafter's one-row products are not plain decoding); a layer that
-    is also one of `modules`' (a drafter sharing the model's LM head) is the model's and stays float32."""
+    is also one of `modules`' (a drafter sharing the model's LM head) is the model's and stays float32.
+    `route_one_row(True)` routes the model's one-row products (plain decoding's steps) too, where `one_row_pays`."""
 
     def __init__(self, *modules: torch.nn.Module | None, draft_modules=(), draft_bfloat16: bool = False):
         kernel = _load()[0]  # (None: nothing to route)
@@ -152,11 +158,24 @@ class FewRowLinears:
         own = {id(layer) for layer in target_layers}
         draft_layers = [layer for layer in _linear_layers(draft_modules) if id(layer) not in own] if kernel else []
         half_kernel = _load_bf16()[0] if draft_bfloat16 and draft_layers else None
+        self._kernel, self._target_layers = kernel, target_layers
+        self.one_row = False  # whether the model's one-row products (plain decoding's) go through the kernel too
         self.forwards = [(layer, _forward_of(layer, kernel)) for layer in target_layers]
         self.forwards += [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None))
                           for layer in draft_layers]
         # memory the bfloat16 copies of the draft layers' weights take once made (at their first routed product)
         self.draft_copy_bytes = sum(layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
+
+    def one_row_pays(self) -> bool:
+        """Whether the model's one-row products run clearly faster through the kernel here (`one_row_pays`)."""
+        return one_row_pays(self._target_layers, self._kernel)
+
+    def route_one_row(self, one_row: bool) -> None:
+        """Route the model's one-row products through the kernel too (True), or leave them to F.linear (False)."""
+        model_layers, min_rows = {id(layer) for layer in self._target_layers}, 1 if one_row else MIN_ROWS
+        self.forwards = [(layer, _forward_of(layer, self._kernel, min_rows=min_rows))
+                         if id(layer) in model_layers else (layer, forward) for layer, forward in self.forwards]
+        self.one_row = bool(one_row and self._target_layers)
 
     def __enter__(self):
         for layer, forward in self.forwards:
@@ -182,7 +201,7 @@ def _linear_layers(modules) -> list[torch.nn.Linear]:
     return list(layers.values())
 
 
-def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False):
+def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows: int = MIN_ROWS):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
     falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so it reads the parameters from the
@@ -191,8 +210,8 @@ def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False):
     (pruning replaces it by a plain attribute) goes through F.linear.
     bfloat16 (a drafter's layer, `kernel` the bfloat16-weight entry point): products over 1..MAX_ROWS rows (a
     drafter's one-row products are not plain decoding) with a bfloat16 copy of the weight, made at first use and
-    again whenever the weight's storage or version changes."""
-    k_dim, min_rows, copy = layer.in_features, 1 if bfloat16 else MIN_ROWS, {}
+    again whenever the weight's storage or version changes. min_rows: the fewest rows a float32 product it takes."""
+    k_dim, min_rows, copy = layer.in_features, 1 if bfloat16 else min_rows, {}
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         parameters = layer._parameters
@@ -206,6 +225,36 @@ def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False):
             weight = copy["weight"]
         return _run(kernel, x, weight, bias)
     return forward
+
+
+def one_row_pays(layers: list[torch.nn.Linear], kernel, repeats: int = 3, timer=time.perf_counter) -> bool:
+    """Whether one-row products of these layers (a model's: what one decode step streams) run clearly faster through
+    the kernel than through F.linear on this CPU: the median over `repeats` interleaved passes through every layer
+    with one row (after a warm-up pass each) through the kernel at most ONE_ROW_GAIN of F.linear's. The model's own
+    weights, all of them, so they stream from memory as in a decode (a few layers' weights stay in the CPU's caches,
+    where round 31's AMD EPYC timed SmolLM2's decoder layers alike through both). Round 31's AMD EPYC (AVX-512, one
+    thread): SmolLM2's decoder layers 0.64x of F.linear's time, its LM head 0.51x, its whole one-token forward 0.71x
+    (`examples/adhoc/r31_one_row_kernel.py`); on earlier CPUs the kernel over 2 rows already cost 1.04-1.06 decodes,
+    about what one row costs through F.linear. Costs 2 * (repeats + 1) passes (SmolLM2 there: ~0.2 s), which the
+    engine pays once per machine and model (`verify_cost.kept_one_row`)."""
+    layers = [layer for layer in layers if _dense_parameters(layer.weight, layer.bias)]
+    if kernel is None or not layers:
+        return False
+    rows = {layer.in_features: torch.ones(1, layer.in_features) for layer in layers}
+    passes = {"kernel": [], "F.linear": []}
+    with torch.inference_mode():
+        for _ in range(repeats + 1):
+            for name in passes:
+                started = timer()
+                for layer in layers:
+                    x = rows[layer.in_features]
+                    if name == "kernel":
+                        _run(kernel, x, layer.weight, layer.bias)
+                    else:
+                        F.linear(x, layer.weight, layer.bias)
+                passes[name].append(timer() - started)
+    kernel_time, blas_time = (statistics.median(passes[name][1:]) for name in ("kernel", "F.linear"))
+    return kernel_time <= ONE_ROW_GAIN * blas_time
 
 
 def _kernel_takes(layer: torch.nn.Linear, x: torch.Tensor, weight, bias) -> bool:

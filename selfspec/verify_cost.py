@@ -12,6 +12,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -225,16 +226,34 @@ class LearnedVerifyCost:
                                 "timed": self.timed})
 
 
-def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool = False) -> LearnedVerifyCost:
+def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool | str = False) -> LearnedVerifyCost:
     """This model's curve on this device: the one a previous process kept, else the prior; refined from here on.
     tree: the curve of tree verify forwards (a custom 4D mask, a slower attention path), kept apart from chains'.
-    few_row_kernel: the forwards' few-row products run through selfspec/few_row_linear.py (cheaper: a curve apart)."""
+    few_row_kernel: the forwards' few-row products run through selfspec/few_row_linear.py (cheaper: a curve apart);
+    "one row": one-row products too (`FewRowLinears.one_row`), another curve again."""
     path = cache_dir() / "verify_cost" / f"{cost_key(target, tree, few_row_kernel)}.json"
     start = _read_curve(path) or prior_verify_cost(target.device)
     return LearnedVerifyCost(start, path)
 
 
-def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool = False) -> LearnedVerifyCost:
+def kept_one_row(target, measure: Callable[[], bool]) -> bool:
+    """Whether plain decoding's one-row products go through the few-row kernel (`FewRowLinears.route_one_row`): the
+    answer a previous process kept for this model, device, dtype, threads and kernel (`cost_key`), else `measure()`
+    (`FewRowLinears.one_row_pays`: a fraction of a second), kept for the next. Once per machine and model, so no
+    call pays it twice, and a fresh process's first call does not."""
+    path = cache_dir() / "one_row" / f"{cost_key(target, few_row_kernel=True)}.json"
+    try:
+        kept = json.loads(path.read_text())["one_row"]
+        if isinstance(kept, bool):
+            return kept
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # absent, unreadable or from another version: measure
+    one_row = bool(measure())
+    _write_json(path, {"one_row": one_row})
+    return one_row
+
+
+def learned_batch_verify_cost(target, single: VerifyCost, few_row_kernel: bool | str = False) -> LearnedVerifyCost:
     """The curve batches plan with: k = the padded forward's tokens - 1 (B * (1 + w) - 1) -> its cost in one-row
     decodes. The one a previous process kept, else a straight line through `single` (this model's one-sequence
     curve, see `straight`); refined from every batch's timed forwards, shared by the batches of one wrapper and kept
@@ -294,7 +313,7 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec"
 
 
-def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bool = False) -> str:
+def cost_key(target, tree: bool = False, few_row_kernel: bool | str = False, batch: bool = False) -> str:
     """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads, the
     engine's attention path there, whether the forwards verify trees or batches and whether their few-row products
     run through selfspec's kernel."""
@@ -317,6 +336,8 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool = False, batch: bo
         from selfspec.few_row_linear import kernel_version
 
         described["few_row_kernel"] = kernel_version()
+        if few_row_kernel == "one row":  # plain decoding's products through it too: another unit of cost
+            described["one_row"] = True
     if batch:
         described["batch"] = True
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:20]

@@ -159,6 +159,62 @@ def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_ke
     assert bias_only.bias.grad is not None and counting_kernel.rows == [3, 3]
 
 
+def test_one_row_products_go_through_the_kernel_only_when_routed(counting_kernel):
+    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8, bias=False))
+    head = torch.nn.Sequential(torch.nn.Linear(16, 8))
+    routed = FewRowLinears(model, draft_modules=[head], draft_bfloat16=True)
+    x = torch.randn(1, 16)
+    expected = model(x)
+    with routed, torch.no_grad():
+        model(x), head(x)
+    assert counting_kernel.rows == [] and counting_kernel.bf16.rows == [1] and not routed.one_row
+    routed.route_one_row(True)
+    with routed, torch.no_grad():
+        torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-6)
+        head(x)
+    assert counting_kernel.rows == [1, 1] and counting_kernel.bf16.rows == [1, 1] and routed.one_row
+    assert all("forward" not in layer.__dict__ for layer in model.modules())  # still only inside
+    routed.route_one_row(False)
+    with routed, torch.no_grad():
+        model(x), model(torch.randn(3, 16)), head(x)
+    assert counting_kernel.rows == [1, 1, 3, 3] and counting_kernel.bf16.rows == [1, 1, 1] and not routed.one_row
+
+
+class ScriptedPasses:
+    """A clock for `one_row_pays`: each pass reads it at its start and end, the kernel's pass first, then F.linear's;
+    a kernel pass lasts kernel[i] seconds, F.linear's blas[i] (i: the pass, 0 the warm-up)."""
+
+    def __init__(self, kernel: list[float], blas: list[float]):
+        self.durations = [d for pair in zip(kernel, blas) for d in pair]
+        self.reads, self.now = 0, 0.0
+
+    def __call__(self) -> float:
+        if self.reads % 2:  # the end of a pass
+            self.now += self.durations[self.reads // 2]
+        self.reads += 1
+        return self.now
+
+
+def test_one_row_pays_where_the_kernel_is_clearly_faster(needs_kernel):
+    layers = [torch.nn.Linear(16, 24), torch.nn.Linear(24, 8, bias=False)]
+    kernel = frl._load()[0]
+
+    def pays(kernel_seconds, blas_seconds):
+        clock = ScriptedPasses(kernel_seconds, blas_seconds)
+        answer = frl.one_row_pays(layers, kernel, repeats=3, timer=clock)
+        assert clock.reads == 2 * 2 * 4  # (3 passes + a warm-up) of each, read at start and end
+        return answer
+
+    assert pays([9.0, 0.8, 0.85, 0.5], [1.0] * 4)  # median 0.8 of 1.0; the slow warm-up pass is not counted
+    assert not pays([0.1, 0.95, 0.92, 0.5], [1.0] * 4)  # median 0.92: within noise of equal, F.linear stays
+    assert not pays([0.8] * 4, [0.85] * 4)
+    assert pays([1.0, 1.0, 1.0, 1.0], [1.0, 1.2, 1.15, 2.0])  # F.linear's median 1.2
+    assert not frl.one_row_pays(layers, None) and not frl.one_row_pays([], kernel)
+    once = ScriptedPasses([9.0, 0.5], [1.0, 1.0])  # one timed pass after the warm-up: the warm-up is not counted
+    assert frl.one_row_pays(layers, kernel, repeats=1, timer=once) and once.reads == 8
+    assert frl.one_row_pays(layers, kernel) in (True, False)  # the real clock: measures without failing
+
+
 def test_a_layer_whose_weight_is_not_a_parameter_or_not_contiguous_runs_as_nn_linear(counting_kernel):
     # pruning replaces `weight` by a plain attribute (weight_orig * mask, set by a pre-hook): the routed forward must
     # use that weight, not the unpruned parameter; a transposed weight is not what the kernel reads
@@ -193,16 +249,19 @@ def test_routing_covers_each_step_and_not_the_code_between(counting_kernel):
     assert seen == [2, 2, 2] and counting_kernel.rows == [2, 2, 2]
 
 
+@pytest.mark.parametrize("one_row", [False, True])
 @pytest.mark.parametrize("drafter", ["medusa", "ngram"])
-def test_engine_output_is_unchanged_by_the_kernel_which_it_uses(counting_kernel, drafter):
+def test_engine_output_is_unchanged_by_the_kernel_which_it_uses(counting_kernel, drafter, one_row):
     # float32 here (the kernel's dtype); the output is compared with the same engine without the kernel, and with
-    # the model's own greedy generate
+    # the model's own greedy generate; plain decoding's one-row products through it or not (`route_one_row`)
     model = tiny_model("llama", dtype=torch.float32)
     prompts = [random_prompt(9, seed=1), random_prompt(14, seed=2)]
     options = {}
     if drafter == "medusa":
         options = dict(heads=trained_heads(model, greedy_sequences(model, prompts, 40)), min_draft_confidence=0.0)
     with_kernel = SelfSpecModel(model, drafter=drafter, **options)
+    with_kernel.few_row_linears.route_one_row(one_row)
+    counting_kernel.rows.clear()  # (measuring which route pays, at wrap time, ran one-row products through it)
     without = SelfSpecModel(model, drafter=drafter, few_row_kernel="off", **options)
     assert with_kernel.few_row_kernel and not without.few_row_kernel
     expected = greedy_sequences(model, prompts, 30)
@@ -215,6 +274,8 @@ def test_engine_output_is_unchanged_by_the_kernel_which_it_uses(counting_kernel,
         stats.append(out.stats)
     assert_exercised(stats, rejected=drafter == "medusa")
     assert any(rows > 1 for rows in counting_kernel.rows)  # verify forwards ran through it
+    if drafter == "ngram":  # (no drafter layers: every product the kernel ran was the model's)
+        assert (1 in counting_kernel.rows) == one_row  # and plain decoding's steps, when routed
     batch = with_kernel.generate(prompts, max_new_tokens=30, num_draft_tokens=2, eos_token_id=[])
     assert all(torch.equal(row, reference) for row, reference in zip(batch.sequences, expected))
 

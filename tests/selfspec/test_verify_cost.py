@@ -179,7 +179,41 @@ def test_an_engine_with_the_few_row_kernel_keeps_its_own_curve():
     with_kernel, without = SelfSpecModel(model, drafter="ngram"), SelfSpecModel(model, drafter="ngram",
                                                                                 few_row_kernel="off")
     assert with_kernel.verify_cost().path != without.verify_cost().path
-    assert with_kernel.verify_cost().path.name == f"{cost_key(with_kernel.target, few_row_kernel=True)}.json"
+    route = "one row" if with_kernel.few_row_linears.one_row else True
+    assert with_kernel.verify_cost().path.name == f"{cost_key(with_kernel.target, few_row_kernel=route)}.json"
+
+
+@pytest.mark.usefixtures("needs_kernel")
+@pytest.mark.parametrize("one_row", [False, True])
+def test_plain_decodings_route_is_measured_once_per_model_and_kept(monkeypatch, one_row):
+    from selfspec import SelfSpecModel
+    from selfspec.few_row_linear import FewRowLinears
+
+    measured = []
+    monkeypatch.setattr(FewRowLinears, "one_row_pays", lambda self: measured.append(1) or one_row)
+    model = tiny_model("llama", dtype=torch.float32)
+    first = SelfSpecModel(model, drafter="ngram")
+    assert measured == [1] and first.few_row_linears.one_row == one_row
+    second = SelfSpecModel(model, drafter="none")  # as a later wrapper or process finds it: kept, not measured
+    assert measured == [1] and second.few_row_linears.one_row == one_row
+    path = cache_dir() / "one_row" / f"{cost_key(first.target, few_row_kernel=True)}.json"
+    assert json.loads(path.read_text()) == {"one_row": one_row}
+    keys = {cost_key(first.target, few_row_kernel=route) for route in (False, True, "one row")}
+    assert len(keys) == 3  # each route's verify curve apart: a one-row kernel decode is another unit of cost
+    route = "one row" if one_row else True
+    assert first.verify_cost().path.name == f"{cost_key(first.target, few_row_kernel=route)}.json"
+    for content in ("not json", '{"one_row": 1}', '{"x": true}'):  # unreadable: measured again, and kept again
+        path.write_text(content)
+        assert SelfSpecModel(model, drafter="none").few_row_linears.one_row == one_row
+    assert len(measured) == 4 and json.loads(path.read_text()) == {"one_row": one_row}
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)  # another key: measured for it
+        SelfSpecModel(model, drafter="none")
+    finally:
+        torch.set_num_threads(threads)
+    assert len(measured) == 5
+    assert SelfSpecModel(model, drafter="none", few_row_kernel="off").few_row_linears is None and len(measured) == 5
 
 
 @pytest.mark.parametrize("content", ["not json", '{"relative": [2.0, 1.0], "decode_seconds": 1}', '{"x": 1}'])
