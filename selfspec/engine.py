@@ -91,7 +91,9 @@ class SelfSpecModel:
     `max_tree_nodes`), so on a CPU a tree must earn its nodes.
     few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-32
     rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
-    it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding) always run through F.linear.
+    it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding's steps) run through it
+    too where it measures clearly faster than F.linear for them (measured once per machine and model, kept in the
+    cache directory: `verify_cost.kept_one_row`).
     draft_dtype: "auto" (default), "bfloat16" or None: the dtype the drafter's own layers (heads, the draft
     vocabulary's LM head rows; never the model's layers) stream their weights in, where the few-row kernel runs
     ("auto": bfloat16 there, else the model's own; None: the model's own). Drafts need not match the model's

@@ -15,11 +15,13 @@ CPU, everything runs through F.linear as before.
 
 The engine routes the target's and the drafter's nn.Linear layers through it for the duration of each decode step
 (`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
-layer's float32 CPU products over MIN_ROWS..MAX_ROWS rows are taken; one-row products (plain decoding) and
-everything else run exactly as without it. (A TorchFunctionMode does the same without touching the layers, but
-intercepting every op of a 30-layer forward cost SmolLM2 12 % of a decode.) Results agree with F.linear to float32
-rounding (a different summation order, as BLAS's GEMM and GEMV already differ); every row is the same sum in the
-same order whatever the number of rows beside it.
+layer's float32 CPU products over MIN_ROWS..MAX_ROWS rows are taken, and one-row products (plain decoding's
+steps) too where the kernel measures clearly faster for them on this CPU (`one_row_pays`, round 31: SmolLM2's
+one-token forward 0.71x of F.linear's time on an AMD EPYC with AVX-512, so there speculation off decodes ~1.4x as
+fast as `generate`); everything else runs exactly as without it. (A TorchFunctionMode does the same without
+touching the layers, but intercepting every op of a 30-layer forward cost SmolLM2 12 % of a decode.) Results agree
+with F.linear to float32 rounding (a different summation order, as BLAS's GEMM and GEMV already differ); every row is
+the same sum in the same order whatever the number of rows beside it.
 
 A drafter's layers may stream their weights in bfloat16 (`draft_dtype`, on by default where the kernel runs): a
 drafter's products are memory-bound like the model's (a tree level reads the head's layer and the draft vocabulary's
