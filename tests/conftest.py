@@ -67,6 +67,15 @@ def repetitive_prompt(length: int = 24, vocab_size: int = VOCAB, period: int = 5
     return phrase.repeat(length // period + 1)[:length][None]
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_selfspec_cache_for_the_session(tmp_path_factory):
+    """Wider fixtures (a module's wrapper) are built before a test's own cache dir is set: they get this one, so no
+    test writes into the user's cache directory (a wrapper keeps its kernel route there when it is built)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("selfspec-session-cache")))
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _private_selfspec_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SELFSPEC_CACHE_DIR", str(tmp_path_factory.mktemp("selfspec-cache")))
