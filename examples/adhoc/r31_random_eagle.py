@@ -1,10 +1,10 @@
 """Round 31 (Intel Xeon with AMX, one thread): where the reference model's random (untrained) EAGLE head loses time
 against speculation off although it drafts nothing (the benchmark's useless-drafts row it missed in rounds 24 and 30:
 0.93x / 0.95x of off, greedy). Variants, paired and interleaved in a random order per prompt and round, 96 greedy
-tokens without EOS on the benchmark's 4 held-out code prompts: speculation off, the random head at its defaults (trees
+tokens without EOS (or sampled at T=0.7, top-p 0.9) on the benchmark's 4 held-out code prompts: speculation off, the random head at its defaults (trees
 "auto"), and the same head as chains (tree_size=None). Counts the drafter's proposals (steps that asked it) and the time
 spent in them, so the loss can be split into proposing and the rest.
-Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r31_random_eagle.py ROUNDS"""
+Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r31_random_eagle.py ROUNDS [sampled]"""
 import statistics
 import sys
 import time
@@ -43,7 +43,9 @@ def counted(name, propose):
 for name, spec in specs.items():
     if name != "off":
         spec.drafter.propose = counted(name, spec.drafter.propose)
-kwargs = dict(max_new_tokens=96, do_sample=False, eos_token_id=[])
+sampled = len(sys.argv) > 2 and sys.argv[2] == "sampled"  # T=0.7, top-p 0.9, as the benchmark samples
+kwargs = dict(max_new_tokens=96, eos_token_id=[],
+              **(dict(do_sample=True, temperature=0.7, top_p=0.9, top_k=0) if sampled else dict(do_sample=False)))
 variants = ["generate", *specs]
 for name in variants:  # warm-up
     timed_call(model, tokenizer, specs.get(name), prompts[0][:, -32:], **kwargs)
