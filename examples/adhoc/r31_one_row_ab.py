@@ -48,6 +48,9 @@ for name in specs:
     twin = name.replace("one-row", "F.linear")
     to_twin = [r[twin].seconds / r[name].seconds for r in results]
     same = sum(r[name].new_tokens == r["generate"].new_tokens for r in results)
-    print(f"{name:15s} vs generate {statistics.median(to_generate):.3f}x ({min(to_generate):.2f}-{max(to_generate):.2f})"
-          + (f"  vs {twin} {statistics.median(to_twin):.3f}x ({min(to_twin):.2f}-{max(to_twin):.2f})" if twin != name else "")
-          + f"  tokens/forward {statistics.mean(r[name].tokens_per_forward for r in results):.2f}  same as generate {same}/{len(results)}")
+    low, high = min(to_generate), max(to_generate)
+    line = f"{name:15s} vs generate {statistics.median(to_generate):.3f}x ({low:.2f}-{high:.2f})"
+    if twin != name:
+        line += f"  vs {twin} {statistics.median(to_twin):.3f}x ({min(to_twin):.2f}-{max(to_twin):.2f})"
+    tokens_per_forward = statistics.mean(r[name].tokens_per_forward for r in results)
+    print(f"{line}  tokens/forward {tokens_per_forward:.2f}  same as generate {same}/{len(results)}")

@@ -1,9 +1,10 @@
-"""Round 31 (Intel Xeon with AMX, one thread): where the reference model's random (untrained) EAGLE head loses time
-against speculation off although it drafts nothing (the benchmark's useless-drafts row it missed in rounds 24 and 30:
-0.93x / 0.95x of off, greedy). Variants, paired and interleaved in a random order per prompt and round, 96 greedy
-tokens without EOS (or sampled at T=0.7, top-p 0.9) on the benchmark's 4 held-out code prompts: speculation off, the random head at its defaults (trees
-"auto"), and the same head as chains (tree_size=None). Counts the drafter's proposals (steps that asked it) and the time
-spent in them, so the loss can be split into proposing and the rest.
+"""Round 31 (an AMD EPYC with AVX-512, one thread): where the reference model's random (untrained) EAGLE head loses
+time against speculation off although it drafts nothing (the benchmark's useless-drafts row it missed in rounds 24
+and 30: 0.93x / 0.95x of off, greedy). Variants, paired and interleaved in a random order per prompt and round, 96
+tokens without EOS, greedy (or sampled at T=0.7, top-p 0.9), on the benchmark's 4 held-out code prompts: speculation
+off, the random head at its defaults (trees "auto"), and the same head as chains (tree_size=None). Counts the
+drafter's proposals (steps that asked it) and the time spent in them, so the loss can be split into proposing and
+the rest.
 Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r31_random_eagle.py ROUNDS [sampled]"""
 import statistics
 import sys
