@@ -161,10 +161,9 @@ class FewRowLinears:
         draft_layers = [layer for layer in _linear_layers(draft_modules) if id(layer) not in own] if kernel else []
         half_kernel = _load_bf16()[0] if draft_bfloat16 and draft_layers else None
         self._kernel, self._target_layers = kernel, target_layers
-        self.one_row = False  # whether the model's one-row products (plain decoding's) go through the kernel too
-        self.forwards = [(layer, _forward_of(layer, kernel)) for layer in target_layers]
-        self.forwards += [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None))
-                          for layer in draft_layers]
+        self._draft_forwards = [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None))
+                                for layer in draft_layers]
+        self.route_one_row(False)  # sets `forwards` and `one_row`
         # memory the bfloat16 copies of the draft layers' weights take once made (at their first routed product)
         self.draft_copy_bytes = sum(layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
 
@@ -173,11 +172,12 @@ class FewRowLinears:
         return one_row_pays(self._target_layers, self._kernel)
 
     def route_one_row(self, one_row: bool) -> None:
-        """Route the model's one-row products through the kernel too (True), or leave them to F.linear (False)."""
-        model_layers, min_rows = {id(layer) for layer in self._target_layers}, 1 if one_row else MIN_ROWS
-        self.forwards = [(layer, _forward_of(layer, self._kernel, min_rows=min_rows))
-                         if id(layer) in model_layers else (layer, forward) for layer, forward in self.forwards]
-        self.one_row = bool(one_row and self._target_layers)
+        """Route the model's one-row products through the kernel too (True), or leave them to F.linear (False); call
+        it outside `with` (the layers' forwards are installed on entry)."""
+        min_rows = 1 if one_row else MIN_ROWS
+        self.forwards = [(layer, _forward_of(layer, self._kernel, min_rows=min_rows)) for layer in self._target_layers]
+        self.forwards += self._draft_forwards
+        self.one_row = bool(one_row and self._target_layers)  # whether plain decoding's products go through it
 
     def __enter__(self):
         for layer, forward in self.forwards:
