@@ -2,6 +2,7 @@
 extra modules (Medusa heads, an exit adapter)."""
 from __future__ import annotations
 
+import inspect
 import os
 
 from selfspec.drafters.base import Draft, DraftContext, Drafter, NoDrafter, drafter_modules, drafter_parameter_bytes
@@ -44,6 +45,7 @@ def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Dr
                 f"(which may do nothing); {type(drafter).__name__} lacks one"
             )
         return drafter
+    check_options(drafter, options)
     if drafter == "medusa":
         if heads is None:
             raise ValueError(
@@ -64,6 +66,45 @@ def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Dr
 
         return EarlyExitDrafter(target, **options)
     raise ValueError(f"unknown drafter {drafter!r}; choose one of {', '.join(DRAFTER_NAMES)} or pass a drafter object")
+
+
+# generate()'s and stream()'s own arguments: given to the wrapper, they are a misplaced call argument, not a typo
+CALL_ARGUMENTS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_draft_tokens", "seed",
+                  "generator", "eos_token_id", "stop_strings", "streamer")
+
+
+def drafter_options(drafter: str) -> list[str]:
+    """The options a drafter given by name takes (`SelfSpecModel(..., **drafter_options)`)."""
+    from selfspec.drafters.early_exit import EarlyExitDrafter
+    from selfspec.drafters.eagle import EagleDrafter
+
+    cls = {"medusa": MedusaDrafter, "eagle": EagleDrafter, "ngram": NgramDrafter, "early_exit": EarlyExitDrafter,
+           "none": NoDrafter}[drafter]
+    taken_by_the_wrapper = ("self", "target", "heads", "head", "model")
+    return [name for name, parameter in inspect.signature(cls.__init__).parameters.items()
+            if name not in taken_by_the_wrapper and parameter.kind is parameter.POSITIONAL_OR_KEYWORD]
+
+
+def check_options(drafter: str, options: dict) -> None:
+    """A clear error for an option the named drafter does not take (a typo, another drafter's option, or a
+    generate() argument given to the wrapper), naming the options it does take."""
+    if drafter not in DRAFTER_NAMES:
+        return  # make_drafter says the name is unknown
+    known = drafter_options(drafter)
+    unknown = sorted(set(options) - set(known))
+    if not unknown:
+        return
+    misplaced = [name for name in unknown if name in CALL_ARGUMENTS]
+    takes = f"it takes {', '.join(known)}" if known else "it takes none"
+    message = f"SelfSpecModel got {', '.join(unknown)}: not an option of drafter={drafter!r} ({takes})"
+    for name in unknown:
+        others = [repr(other) for other in DRAFTER_NAMES if name in drafter_options(other)]
+        if others:
+            message += f"; {name} is an option of drafter={' / '.join(others)}"
+    if misplaced:
+        message += (f"; {', '.join(misplaced)} {'is an argument' if len(misplaced) == 1 else 'are arguments'} of "
+                    f"generate() and stream(): spec.generate(prompt, {misplaced[0]}=...)")
+    raise ValueError(message)
 
 
 __all__ = [

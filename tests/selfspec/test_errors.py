@@ -106,6 +106,23 @@ def test_unknown_drafter(model):
         SelfSpecModel(model, drafter="lookahead")
 
 
+@pytest.mark.parametrize("drafter, options, says", [
+    # a generate() argument given to the wrapper: where it belongs
+    ("medusa", {"num_draft_tokens": 4}, r"num_draft_tokens: not an option of drafter='medusa' \(it takes "
+     r"min_draft_confidence, tree_top_k\); num_draft_tokens is an argument of generate\(\) and stream\(\)"),
+    # another drafter's option: which drafter takes it (the default drafter without heads is n-gram lookup)
+    (None, {"exit_layer": 1}, r"not an option of drafter='ngram' \(it takes max_ngram_size, min_ngram_size\); "
+     "exit_layer is an option of drafter='early_exit'"),
+    ("none", {"max_ngram_size": 2}, r"drafter='none' \(it takes none\)"),
+    ("eagle", {"tree_topk": 2}, r"got tree_topk: not an option of drafter='eagle' \(it takes min_draft_confidence, "
+     r"tree_top_k\)$"),
+])
+def test_an_option_the_drafter_does_not_take_is_named_with_what_it_takes(model, drafter, options, says):
+    heads = MedusaHeads.for_model(model) if drafter == "medusa" else None
+    with pytest.raises(ValueError, match=says):
+        SelfSpecModel(model, drafter=drafter, heads=heads, **options)
+
+
 def test_eagle_without_a_head_says_how_to_get_one(model):
     with pytest.raises(ValueError, match="training.heads --kind eagle"):
         SelfSpecModel(model, drafter="eagle")
