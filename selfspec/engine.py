@@ -22,7 +22,7 @@ from selfspec.draft_length import (
 from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter
 from selfspec.few_row_linear import FewRowLinears, resolve_draft_dtype, resolve_few_row_kernel
-from selfspec.inputs import apply_chat_template, check_lengths, is_chat
+from selfspec.inputs import apply_chat_template, check_lengths, is_chat, unpadded_prompts
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
@@ -212,6 +212,7 @@ class SelfSpecModel:
         eos_token_id: int | list[int] | None = None,
         stop_strings: str | list[str] | None = None,
         streamer=None,
+        attention_mask=None,
     ) -> GenerateOutput:
         """Decode one prompt; arguments mean what they mean in `transformers`' `generate`.
 
@@ -223,7 +224,12 @@ class SelfSpecModel:
         stop_strings: stop at the token that completes one of these strings, keeping that token (as `generate` does).
         streamer: a `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`): gets the prompt, then each
         piece of accepted tokens, then `end()`.
+        attention_mask: with [B, T] or [T] ids, what the tokenizer returned beside them (`generate(**tokenizer(texts,
+        padding=True, return_tensors="pt"))`): each row's padding, left or right, is dropped and B > 1 rows are
+        decoded as a batch (`sequences` then holds each row's prompt and new tokens, without padding).
         """
+        if attention_mask is not None:
+            input_ids = unpadded_prompts(input_ids, attention_mask)
         options = DecodeOptions(
             max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
             eos_token_id, stop_strings,
@@ -253,6 +259,7 @@ class SelfSpecModel:
         generator: torch.Generator | None = None,
         eos_token_id: int | list[int] | None = None,
         stop_strings: str | list[str] | None = None,
+        attention_mask=None,
     ) -> TokenStream:
         """`generate`'s arguments; returns an iterator of `StreamPiece(token_ids, text)`, one per target forward, as
         soon as the verifier accepts them: the prefill's first token is a piece of its own, then each decode step
@@ -263,6 +270,8 @@ class SelfSpecModel:
             for piece in model.stream("def main():", max_new_tokens=64):
                 print(piece.text, end="", flush=True)
         """
+        if attention_mask is not None:
+            input_ids = unpadded_prompts(input_ids, attention_mask)
         options = DecodeOptions(
             max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
             eos_token_id, stop_strings,
@@ -426,8 +435,9 @@ class SelfSpecModel:
         if ids.dim() == 2:
             if ids.shape[0] != 1:
                 raise ValueError(
-                    f"got a [{ids.shape[0]}, T] tensor: a padded batch is ambiguous (which ids are padding?). Pass several "
-                    "prompts as a list instead (of strings, id lists or 1-D tensors): generate([p1, p2, ...])"
+                    f"got a [{ids.shape[0]}, T] tensor: a padded batch is ambiguous (which ids are padding?). Pass its "
+                    "attention_mask too (generate(**tokenizer(texts, padding=True, return_tensors='pt'))), or several "
+                    "prompts as a list (of strings, id lists or 1-D tensors): generate([p1, p2, ...])"
                 )
             ids = ids[0]
         if ids.dim() != 1 or ids.shape[0] == 0:

@@ -1,6 +1,8 @@
-"""What a prompt may be before the first step: chat messages, lengths within the model's context window. Knows the
-tokenizer's chat template, never the model."""
+"""What a prompt may be before the first step: chat messages, a tokenizer's padded batch and its attention mask,
+lengths within the model's context window. Knows the tokenizer's chat template, never the model."""
 from __future__ import annotations
+
+import torch
 
 
 def check_lengths(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:
@@ -27,3 +29,29 @@ def apply_chat_template(tokenizer, messages) -> list[int]:
             "set tokenizer.chat_template, or pass the prompt as text or token ids"
         )
     return list(tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+def unpadded_prompts(input_ids, attention_mask):
+    """A tokenizer's output (`tokenizer(texts, padding=True, return_tensors="pt")`: input ids [B, T] or [T] and their
+    attention mask, 1 at tokens and 0 at padding, on the left or the right of each row) -> its prompts without the
+    padding: one [T_i] tensor when B is 1, else a list of them (what `generate` decodes as a batch)."""
+    if isinstance(input_ids, str) or is_chat(input_ids):
+        raise ValueError("attention_mask goes with token ids ([B, T] or [T], as a tokenizer returns them); a text or "
+                         "chat prompt needs none: drop attention_mask")
+    ids, mask = torch.as_tensor(input_ids), torch.as_tensor(attention_mask)
+    if mask.shape != ids.shape or ids.dim() not in (1, 2):
+        raise ValueError(f"attention_mask has shape {tuple(mask.shape)} and input_ids {tuple(ids.shape)}: they must "
+                         "be the same [B, T] or [T] shape, as a tokenizer returns them")
+    if not ((mask == 0) | (mask == 1)).all():
+        raise ValueError("attention_mask must hold 1 at tokens and 0 at padding, nothing else")
+    prompts = []
+    for row, (row_ids, row_mask) in enumerate(zip(ids.reshape(-1, ids.shape[-1]), mask.reshape(-1, ids.shape[-1]))):
+        kept = row_mask.nonzero().flatten()  # [T_i] positions of the row's tokens
+        if kept.numel() == 0:
+            raise ValueError(f"row {row} of attention_mask is all padding: an empty prompt")
+        first, last = int(kept[0]), int(kept[-1])
+        if last - first + 1 != kept.numel():
+            raise ValueError(f"row {row} of attention_mask has padding between tokens; selfspec takes left- or "
+                             "right-padded rows (what a tokenizer's padding=True gives)")
+        prompts.append(row_ids[first:last + 1])
+    return prompts[0] if len(prompts) == 1 else prompts

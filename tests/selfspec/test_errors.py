@@ -77,7 +77,7 @@ def test_prompt_past_the_context_window():
 
 
 def test_a_padded_batch_tensor_is_refused_with_the_list_api_named(spec):
-    with pytest.raises(ValueError, match="Pass several prompts as a list"):
+    with pytest.raises(ValueError, match="Pass its attention_mask too .* or several prompts as a list"):
         spec.generate(torch.randint(3, 90, (2, 5)))
 
 
