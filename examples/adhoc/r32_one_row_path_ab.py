@@ -1,0 +1,46 @@
+"""Round 32 (an AMD EPYC with AVX-512, one thread): the few-row kernel's one-row path (`one_row` in
+selfspec/kernels/few_row_linear.c: one row of float32 weights streamed four weight rows at a time over all their
+columns, AVX-512 build) against the kernel before it (the general path, which repeats the row 4 times and slices the
+columns), built from git revision OLD_REV's source into a temporary directory. Both route plain decoding's one-row
+products through their kernel. SmolLM2 (held-out chat prompts) greedy, 128 tokens without EOS: speculation off and
+the shipped EAGLE head at its defaults, paired and interleaved with plain generate.
+Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r32_one_row_path_ab.py OLD_REV PROMPTS ROUNDS"""
+import ctypes
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import transformers
+
+from selfspec import few_row_linear as frl
+from selfspec.engine import SelfSpecModel
+from harness import greedy_against_generate, smollm2_chat  # examples/adhoc/harness.py
+
+old_rev, num_prompts, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+transformers.logging.set_verbosity_error()
+directory = Path(tempfile.mkdtemp())
+source = directory / "few_row_linear.c"
+source.write_text(subprocess.run(["git", "show", f"{old_rev}:selfspec/kernels/few_row_linear.c"], check=True,
+                                 capture_output=True, text=True).stdout)
+library = directory / "old.so"
+compiler = shutil.which("cc") or shutil.which("gcc")
+subprocess.run([compiler, *frl.FLAGS, *frl.ISA_FLAGS[frl.kernel_isa()], str(source), "-o", str(library)], check=True)
+old_kernel = ctypes.CDLL(str(library)).few_row_linear
+old_kernel.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                       ctypes.c_void_p, ctypes.c_void_p]
+old_kernel.restype = None
+
+model, tokenizer, prompts = smollm2_chat(num_prompts, 128)
+specs = {}
+for name in ("off", "eagle"):
+    for which in ("new", "old"):
+        spec = SelfSpecModel(model, drafter="none") if name == "off" else SelfSpecModel(model, heads="examples/smollm2/eagle")
+        if which == "old":
+            spec.few_row_linears._kernel = old_kernel  # the model's layers (the drafter's keep the bfloat16 entry point)
+        spec.few_row_linears.route_one_row(True)
+        specs[f"{name} {which}"] = spec
+greedy_against_generate(model, tokenizer, specs, prompts, rounds, 128)
