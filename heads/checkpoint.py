@@ -116,7 +116,18 @@ def save_checkpoint(module: nn.Module, directory: str | os.PathLike, config: dic
 
 
 def load_weights(module: nn.Module, directory: str | os.PathLike) -> nn.Module:
-    load_state_in_its_dtype(module, load_file(os.path.join(directory, WEIGHTS_NAME)))
+    """`module` (built from the directory's config.json) with the directory's weights, or an error naming the
+    directory when they are missing or do not fit that config."""
+    path = os.path.join(directory, WEIGHTS_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {str(directory)!r}: the directory holds a {CONFIG_NAME} but not "
+                                "its weights; copy the whole directory, or save it again (save_pretrained)")
+    try:
+        load_state_in_its_dtype(module, load_file(path))
+    except RuntimeError as err:  # load_state_dict: missing, unexpected or misshapen tensors
+        details = " ".join(str(err).split())
+        raise ValueError(f"{str(directory)!r}: its {CONFIG_NAME} does not describe its {WEIGHTS_NAME} ({details}); "
+                         "was one of them edited or copied from another checkpoint? Save the directory again") from None
     return module
 
 

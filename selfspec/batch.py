@@ -40,7 +40,7 @@ from selfspec.batch_cache import RaggedCache
 from selfspec.batch_draft_length import BatchDraftLength
 from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
 from selfspec.draft_length import capped_choice, probe_asked, probe_in_shadow
-from selfspec.drafters.base import Draft, DraftContext
+from selfspec.drafters.base import Draft, DraftContext, check_drafts
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
 from selfspec.drafters.early_exit_batch import BatchEarlyExitDrafter
 from selfspec.inputs import check_lengths, is_chat
@@ -105,7 +105,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         return _start_alone(spec, prompts_in[0], options)
     target = spec.target
     _check_batch_support(spec, options)
-    prompts = [spec._prompt_ids(p) for p in prompts_in]
+    prompts = [_row_prompt(spec, prompt, index, len(prompts_in)) for index, prompt in enumerate(prompts_in)]
     for prompt in prompts:
         check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
     drafters, batch_drafter = _row_drafters(spec.drafter, target, len(prompts))
@@ -127,6 +127,16 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
     return prompts, spec.engine_steps(pieces), [row.recorder.stats for row in rows], total
+
+
+def _row_prompt(spec, prompt_in, index: int, count: int) -> torch.Tensor:
+    """One prompt of the list as the engine encodes it alone (`SelfSpecModel._prompt_ids`); its error names it."""
+    try:
+        return spec._prompt_ids(prompt_in)
+    except (TypeError, ValueError) as err:
+        if type(err) not in (TypeError, ValueError):
+            raise
+        raise type(err)(f"prompt {index} (of {count}): {err}") from None
 
 
 def _start_alone(spec, prompt_in, options):
@@ -308,8 +318,10 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, 
     if batch_drafter is not None and asked:
         # (a probe that prefilling drafts answer in shadow, as alone: early exit skips the probe token's pass)
         probe_asks = [probe_asked(planner if planner is not None else row.policy, k) for row, k in zip(rows, ks)]
-        return batch_drafter.propose([_context(row, k, sampling, target, cache, probe)
-                                      for row, k, probe in zip(rows, ks, probe_asks)])
+        contexts = [_context(row, k, sampling, target, cache, probe) for row, k, probe in zip(rows, ks, probe_asks)]
+        drafts = batch_drafter.propose(contexts)
+        check_drafts(drafts, contexts, batch_drafter)
+        return drafts
     drafts = [Draft.empty(row.buffer.device) for row in rows]
     if not asked:
         return drafts
@@ -317,6 +329,10 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, 
     drafter = rows[0].drafter  # one drafter serves every row (`_row_drafters`)
     propose_rows = getattr(drafter, "propose_rows", None)
     proposed = propose_rows(contexts) if propose_rows is not None else [drafter.propose(c) for c in contexts]
+    if len(proposed) != len(contexts):
+        raise ValueError(f"{type(drafter).__name__}.propose_rows returned {len(proposed)} drafts for {len(contexts)} "
+                         "contexts: return one Draft per context, in order")
+    check_drafts(proposed, contexts, drafter)
     for r, draft in zip(asked, proposed):
         drafts[r] = _checked(draft)
     return drafts

@@ -75,6 +75,14 @@ def _int_at_least(low: int):
     return parse
 
 
+def _seed(text: str) -> int:
+    """An integer torch can seed with, -2**63 .. 2**64 - 1 (`engine.SEED_RANGE`, not imported: that loads torch)."""
+    value = _int_at_least(-2**63)(text)
+    if value > 2**64 - 1:
+        raise argparse.ArgumentTypeError(f"expected an integer of at most 64 bits (up to 2**64 - 1), got {text}")
+    return value
+
+
 def _draft_tokens(text: str):
     if text == "auto":
         return text
@@ -199,7 +207,7 @@ def _add_generate(commands) -> None:
     decoding.add_argument("--top-p", type=_float_in(0.0, 1.0, low_open=True), metavar="P",
                           help="sample from the smallest set of tokens holding probability P (implies sampling); "
                           "default: no limit")
-    decoding.add_argument("--seed", type=int, metavar="S",
+    decoding.add_argument("--seed", type=_seed, metavar="S",
                           help="random seed, for reproducible sampling; default: fresh randomness each run")
     decoding.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="K",
                           help="draft tokens verified per step, or auto; default: auto, which picks k each step from "
@@ -258,6 +266,9 @@ def _read_prompts(path: str) -> list[str]:
         if not isinstance(prompt, str):
             raise UsageError(f'--prompts-file {path}, line {number}: expected a JSON string or an object with a '
                              f'"prompt" string, got {line.strip()[:60]}')
+        if not prompt:
+            raise UsageError(f"--prompts-file {path}, line {number}: an empty prompt (\"\"): give it text, or drop the "
+                             "line")
         prompts.append(prompt)
     if not prompts:
         raise UsageError(f"--prompts-file {path}: no prompts in it (one JSON string or object per line)")
@@ -291,7 +302,8 @@ def _load(args):
             few_row_kernel=args.few_row_kernel, draft_dtype=args.draft_dtype, **placement,
         )
     except (FileNotFoundError, ImportError) as err:  # a missing wheel or gguf package: say what to install
-        raise UsageError(f"--model {args.model}: {err}") from None
+        flag = f"--heads {args.heads}" if args.heads and args.heads in str(err) else f"--model {args.model}"
+        raise UsageError(f"{flag}: {err}") from None
     if engine.tokenizer is None:
         raise UsageError(f"--model {args.model}: no tokenizer files there; generate needs one to read the prompt")
     return engine

@@ -6,9 +6,10 @@ draft-length policy, the verify-cost curve, the stats recorder and each drafter 
 from __future__ import annotations
 
 import contextlib
+import numbers
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -19,13 +20,15 @@ from selfspec.draft_length import (
     MAX_DRAFT_TOKENS, AdaptiveDraftLength, StepOverhead, capped_choice, draft_length_policy, probe_asked,
     probe_in_shadow,
 )
-from selfspec.drafters import drafter_modules, drafter_parameter_bytes, make_drafter
-from selfspec.drafters.base import Draft, DraftContext, Drafter
+from selfspec.drafters import CALL_ARGUMENTS, drafter_modules, drafter_parameter_bytes, drafters_taking, make_drafter
+from selfspec.drafters.base import Draft, DraftContext, Drafter, check_drafts
 from selfspec.few_row_linear import FewRowLinears, resolve_draft_dtype, resolve_few_row_kernel
-from selfspec.inputs import apply_chat_template, check_lengths, is_chat, unpadded_prompts
+from selfspec.inputs import (
+    apply_chat_template, check_id_dtype, check_lengths, check_prompt_form, check_tokenizer, is_chat, unpadded_prompts,
+)
 from selfspec.sampling import SamplingConfig, draw
 from selfspec.stats import GenerationStats, StatsRecorder
-from selfspec.stopping import StopCondition, StopStrings
+from selfspec.stopping import StopCondition, StopStrings, eos_ids
 from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
 from selfspec.tree_forward import choose_tree_size, resolve_min_node_probability
@@ -40,6 +43,7 @@ from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
 # do. A fixed k pays the full verify cost even for useless drafts (0.63-0.69x of speculation off on this project's
 # CPU with random drafts), which no default may do.
 DEFAULT_NUM_DRAFT_TOKENS = "auto"
+SEED_RANGE = (-2**63, 2**64 - 1)  # what torch's manual_seed takes
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,19 @@ class DecodeOptions:
     generator: torch.Generator | None = None
     eos_token_id: int | list[int] | None = None  # None: the model's generation config
     stop_strings: str | list[str] | None = None
+
+    def __post_init__(self):
+        seed = self.seed
+        if seed is not None:
+            integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
+            if not integer or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+                raise ValueError(f"seed must be an integer in [-2**63, 2**64 - 1] (torch's seeds), got {seed!r}")
+            object.__setattr__(self, "seed", int(seed))  # (a numpy integer: torch's manual_seed takes Python ints)
+        generator = self.generator
+        several = isinstance(generator, (list, tuple)) and all(isinstance(g, torch.Generator) for g in generator)
+        if not (generator is None or isinstance(generator, torch.Generator) or several):
+            raise ValueError(f"generator must be a torch.Generator (for several prompts, a list of one per prompt), "
+                             f"got {generator!r}; for a seed pass seed=... instead")
 
     @property
     def reproducible(self) -> bool:
@@ -108,6 +125,7 @@ class SelfSpecModel:
                  **drafter_options):
         self.model = model
         self.target = TargetModel(model)
+        check_tokenizer(tokenizer, self.target.vocab_size)
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         dtype = self.target.lm_head.weight.dtype
@@ -152,6 +170,7 @@ class SelfSpecModel:
         (selfspec/loading.py); an explicit dtype always wins."""
         from selfspec.loading import load_model, load_tokenizer
 
+        _check_from_pretrained_keywords(model_kwargs, drafter_options)  # before loading: transformers would say less
         model = load_model(name_or_path, dtype=dtype, device=device, **model_kwargs)
         tokenizer = load_tokenizer(name_or_path)
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, tree_size=tree_size,
@@ -286,6 +305,9 @@ class SelfSpecModel:
     def _start(self, input_ids, options: DecodeOptions):
         """Check and encode everything before the first step (so `stream` fails at the call, not mid-iteration);
         returns the [T] prompt, the decode loop's pieces (not started) and the stats its recorder will fill."""
+        if isinstance(options.generator, (list, tuple)):
+            raise ValueError(f"generator: a list ({len(options.generator)} generators) gives one to each of several "
+                             "prompts; for one prompt pass one torch.Generator")
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
         policy = self._draft_length_policy(options)
@@ -381,7 +403,9 @@ class SelfSpecModel:
             token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache,
             self.tree_size, probe, self.min_node_probability,
         )
-        return self.drafter.propose(context), []
+        draft = self.drafter.propose(context)
+        check_drafts([draft], [context], self.drafter)
+        return draft, []
 
     def _verify_step(self, policy, draft: Draft, buffer, num_tokens: int, cache, sampling, generator, probe_rng):
         """Verify the draft after the pending token buffer[num_tokens - 1] in one target forward and cut the cache to
@@ -425,13 +449,16 @@ class SelfSpecModel:
 
     def _prompt_ids(self, input_ids) -> torch.Tensor:
         """str | list[int] | [T] | [1, T] | chat messages -> [T] long on the model's device."""
+        check_prompt_form(input_ids)
         if is_chat(input_ids):
             input_ids = apply_chat_template(self.tokenizer, input_ids)
         elif isinstance(input_ids, str):
             if self.tokenizer is None:
                 raise ValueError("a string prompt needs a tokenizer: pass tokenizer=... or use from_pretrained")
             input_ids = self.tokenizer(input_ids, return_tensors="pt").input_ids
-        ids = torch.as_tensor(input_ids, dtype=torch.long)
+        ids = torch.as_tensor(input_ids)
+        check_id_dtype(ids)
+        ids = ids.to(torch.long)
         if ids.dim() == 2:
             if ids.shape[0] != 1:
                 raise ValueError(
@@ -450,9 +477,32 @@ class SelfSpecModel:
         return ids.to(self.target.device)
 
     def _eos_ids(self, eos_token_id) -> list[int]:
+        """The user's EOS ids, checked (`stopping.eos_ids`); else the model's generation config's, as they are."""
         if eos_token_id is None:  # like `generate`: fall back to the model's generation config
             generation_config = getattr(self.model, "generation_config", None)
             eos_token_id = getattr(generation_config, "eos_token_id", None)
-        if eos_token_id is None:
-            return []
-        return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+            if eos_token_id is None:
+                return []
+            return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(t) for t in eos_token_id]
+        return eos_ids(eos_token_id, self.target.vocab_size)
+
+
+def _check_from_pretrained_keywords(model_kwargs: dict, drafter_options) -> None:
+    """from_pretrained passes keywords it does not know to transformers, whose error (an unexpected keyword of the
+    model's __init__) names neither the mistake nor the fix: refuse a drafter's option, a generate() argument, a
+    tokenizer, and drafter_options that is not a mapping, saying where each belongs."""
+    if drafter_options is not None and not isinstance(drafter_options, Mapping):
+        raise TypeError(f"drafter_options must be a dict of the drafter's options (e.g. drafter_options="
+                        f"{{'max_ngram_size': 3}}), got {type(drafter_options).__name__}")
+    if "tokenizer" in model_kwargs:
+        raise ValueError("from_pretrained loads the tokenizer saved with the model; to use another, load the model and "
+                         "wrap it: SelfSpecModel(model, tokenizer=...)")
+    for name in model_kwargs:
+        drafters = drafters_taking(name)
+        if drafters:
+            raise ValueError(f"from_pretrained got {name}, an option of drafter={' / '.join(map(repr, drafters))}: "
+                             f"pass it in drafter_options: SelfSpecModel.from_pretrained(path, drafter_options="
+                             f"{{{name!r}: ...}})")
+        if name in CALL_ARGUMENTS:
+            raise ValueError(f"from_pretrained got {name}, an argument of generate() and stream(), not of loading: "
+                             f"spec.generate(prompt, {name}=...)")

@@ -1,8 +1,51 @@
 """What a prompt may be before the first step: chat messages, a tokenizer's padded batch and its attention mask,
-lengths within the model's context window. Knows the tokenizer's chat template, never the model."""
+lengths within the model's context window; and what a tokenizer must be to serve the model. Knows the tokenizer's chat
+template, never the model."""
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+
 import torch
+
+
+def check_tokenizer(tokenizer, vocab_size: int) -> None:
+    """A tokenizer given to the wrapper (None: none) must be a tokenizer object, not its name, and all its ids must be
+    ids of the model's vocabulary (which is often larger, padded; never smaller for the model's own tokenizer)."""
+    if tokenizer is None:
+        return
+    if isinstance(tokenizer, (str, os.PathLike)):
+        raise TypeError(f"tokenizer={str(tokenizer)!r} is a name, not a tokenizer: load it first, "
+                        f"tokenizer=AutoTokenizer.from_pretrained({str(tokenizer)!r})")
+    if not callable(tokenizer) or not hasattr(tokenizer, "decode"):
+        raise TypeError(f"tokenizer must be a tokenizer (called on text, with decode(ids)), such as "
+                        f"AutoTokenizer.from_pretrained(...) returns; got {type(tokenizer).__name__}")
+    if hasattr(tokenizer, "__len__") and len(tokenizer) > vocab_size:
+        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only {vocab_size}: it "
+                         "belongs to another model (its ids would mean other tokens here); pass the tokenizer saved "
+                         "with this model")
+
+
+def check_prompt_form(input_ids) -> None:
+    """Refuse, saying what to pass instead, what is not a prompt: nothing, a tokenizer's output (a mapping), or one
+    chat message."""
+    if input_ids is None:
+        raise TypeError("the prompt is None: pass text, token ids, or chat messages [{'role': ..., 'content': ...}]")
+    if isinstance(input_ids, Mapping):
+        if "role" in input_ids or "content" in input_ids:
+            raise TypeError("the prompt is one chat message (a dict): wrap the message in a list: generate([message])")
+        if "input_ids" in input_ids:
+            raise TypeError("the prompt is a tokenizer's output (input_ids, attention_mask, ...): unpack it, use "
+                            "generate(**encoding) (or stream(**encoding))")
+        raise TypeError(f"the prompt is a mapping (keys {sorted(map(str, input_ids))[:4]}): pass text, token ids, or "
+                        "chat messages")
+
+
+def check_id_dtype(ids: torch.Tensor) -> None:
+    """Token ids must be integers: a float or bool tensor (or a list of floats) is refused, not rounded."""
+    if ids.numel() and (ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex()):
+        raise TypeError(f"token ids must be integers, got {ids.dtype} ids: pass a torch.long tensor or a list of ints "
+                        "(as tokenizer(text, return_tensors='pt').input_ids gives them)")
 
 
 def check_lengths(prompt_len: int, max_new_tokens: int, max_positions: int | None) -> None:

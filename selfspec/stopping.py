@@ -6,6 +6,7 @@ about models, caches or drafts.
 """
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -50,6 +51,33 @@ class StopStrings:
         matched = self._criteria(windows, None).nonzero()
         self._history = ids[-self._window :]
         return int(matched[0, 0]) if matched.numel() else None
+
+
+def eos_ids(eos_token_id, vocab_size: int) -> list[int]:
+    """`eos_token_id` as `generate` takes it (one id or several: a list, a tuple or a 1-D tensor; Python, numpy or
+    torch integers) -> the ids, each checked to be an id of the model's vocabulary [0, vocab_size)."""
+    several = isinstance(eos_token_id, Iterable) and not isinstance(eos_token_id, str)
+    several = several and getattr(eos_token_id, "ndim", 1) != 0  # (a 0-d tensor or array is one id)
+    ids = []
+    for value in list(eos_token_id) if several else [eos_token_id]:
+        if isinstance(value, str):
+            raise ValueError(f"eos_token_id={value!r} is a token's text: pass tokenizer.eos_token_id (an id), not the "
+                             "token text (another token's id: tokenizer.convert_tokens_to_ids(text))")
+        if not _is_token_id(value):
+            got = f"{value!r} in {eos_token_id!r}" if several else repr(eos_token_id)
+            raise ValueError(f"eos_token_id must be a token id (an int) or a list of them, got {got}")
+        if not 0 <= int(value) < vocab_size:
+            raise ValueError(f"eos_token_id {int(value)} is outside the model's vocabulary [0, {vocab_size}): pass an "
+                             "id of this model's tokenizer (tokenizer.eos_token_id)")
+        ids.append(int(value))
+    return ids
+
+
+def _is_token_id(value) -> bool:
+    """A Python, numpy or 0-d torch integer; never a bool (an int to Python, but no one's token id)."""
+    if isinstance(value, torch.Tensor):
+        return value.ndim == 0 and not (value.dtype == torch.bool or value.is_floating_point() or value.is_complex())
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 class StopCondition:

@@ -37,6 +37,8 @@ def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Dr
     if heads is not None and drafter not in HEAD_DRAFTERS:
         raise ValueError(f"heads draft with drafter='medusa' or 'eagle', not {drafter!r}: drop heads=... or the drafter")
     if not isinstance(drafter, str):
+        if isinstance(drafter, type):  # a class passes the Protocol check (it has the methods), then fails at generate
+            raise TypeError(f"drafter={drafter.__name__} is a class: pass an instance: drafter={drafter.__name__}()")
         if options:
             raise ValueError(f"drafter options {sorted(options)} only apply to a drafter given by name")
         if not isinstance(drafter, Drafter):
@@ -85,6 +87,11 @@ def drafter_options(drafter: str) -> list[str]:
             if name not in taken_by_the_wrapper and parameter.kind is parameter.POSITIONAL_OR_KEYWORD]
 
 
+def drafters_taking(option: str) -> list[str]:
+    """The names of the drafters that take `option` (none for a typo or a generate() argument)."""
+    return [name for name in DRAFTER_NAMES if option in drafter_options(name)]
+
+
 def check_options(drafter: str, options: dict) -> None:
     """A clear error for an option the named drafter does not take (a typo, another drafter's option, or a
     generate() argument given to the wrapper), naming the options it does take."""
@@ -98,7 +105,7 @@ def check_options(drafter: str, options: dict) -> None:
     takes = f"it takes {', '.join(known)}" if known else "it takes none"
     message = f"SelfSpecModel got {', '.join(unknown)}: not an option of drafter={drafter!r} ({takes})"
     for name in unknown:
-        others = [repr(other) for other in DRAFTER_NAMES if name in drafter_options(other)]
+        others = [repr(other) for other in drafters_taking(name)]
         if others:
             message += f"; {name} is an option of drafter={' / '.join(others)}"
     if misplaced:

@@ -6,6 +6,7 @@ and lists them as `extra_modules` (optional; a drafter without it adds nothing),
 """
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -97,12 +98,79 @@ class Drafter(Protocol):
     and counts them in the stats' memory figure; default None)."""
 
     def propose(self, context: DraftContext) -> Draft:
-        """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids`."""
+        """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids` (the engine checks the draft
+        before verifying it: `check_drafts`)."""
         ...
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         """Learn how many of the last proposal's tokens the verifier accepted (may do nothing)."""
         ...
+
+
+def check_probability(name: str, value) -> None:
+    """A drafter's option that is a probability threshold (`min_draft_confidence`) must be a number in [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}")
+
+
+def check_count(name: str, value) -> None:
+    """A drafter's option that counts something (an n-gram's length, a tree's top k) must be an integer >= 1."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def check_drafts(drafts: list, contexts: list[DraftContext], drafter) -> None:
+    """Refuse, naming the drafter, a draft the engine cannot verify exactly: not a `Draft`; tokens not a 1-D integer
+    tensor on the sequence's device; more tokens than asked (a chain: `num_draft_tokens`; a tree: `tree_size`); ids
+    outside the vocabulary; draft_probs not [num_tokens, vocab] floats, or 0 at a drafted token (the verifier would
+    accept it wherever the target allows it: a biased law). Runs every step: a few tensor ops per draft, one read."""
+    name = type(drafter).__name__
+    flagged = []  # per draft with tokens: [num_tokens] bool, True at an id outside the vocabulary or of probability 0
+    for draft, context in zip(drafts, contexts):
+        if not isinstance(draft, Draft):
+            raise ValueError(f"{name}.propose returned {type(draft).__name__}, not a Draft: return Draft(tokens) "
+                             "(or Draft.empty(device) to propose nothing)")
+        tokens, vocab = draft.tokens, context.target.vocab_size
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 1 or not _holds_integers(tokens):
+            raise ValueError(f"{name} drafted {_described(tokens)}: Draft.tokens must be a 1-D tensor of token ids "
+                             "(torch.long)")
+        if tokens.device != context.token_ids.device:
+            raise ValueError(f"{name} drafted tokens on {tokens.device}, the sequence is on "
+                             f"{context.token_ids.device}: draft on the model's device")
+        # (a tree where none was asked for, tree_size 0: the engine and the batch say so with what to do)
+        asked, what = (context.num_draft_tokens, "num_draft_tokens") if draft.parents is None else (
+            context.tree_size, "tree_size")
+        if tokens.shape[0] > asked and (draft.parents is None or context.tree_size):
+            raise ValueError(f"{name} drafted {tokens.shape[0]} tokens but was asked for at most {asked} "
+                             f"(DraftContext.{what}): propose no more than that")
+        probs = draft.probs
+        if probs is not None and (not isinstance(probs, torch.Tensor) or not probs.is_floating_point()
+                                  or tuple(probs.shape) != (tokens.shape[0], vocab) or probs.device != tokens.device):
+            raise ValueError(f"{name} gave draft_probs of {_described(probs)} for {tokens.shape[0]} tokens: "
+                             f"Draft.probs must be [{tokens.shape[0]}, {vocab}] floats on the tokens' device (a row "
+                             "over the model's vocabulary per token) or None (point masses)")
+        if tokens.numel():
+            bad = (tokens < 0) | (tokens >= vocab)  # [num_tokens]
+            if probs is not None:  # each token's own draft probability (a clamped id: one outside is flagged above)
+                bad = bad | ~(probs.gather(1, tokens.clamp(0, vocab - 1).long()[:, None])[:, 0] > 0)
+            flagged.append(bad)
+    if flagged and bool((flagged[0] if len(flagged) == 1 else torch.cat(flagged)).any()):
+        for draft, context in zip(drafts, contexts):
+            tokens, vocab = draft.tokens.tolist(), context.target.vocab_size
+            if any(not 0 <= token < vocab for token in tokens):
+                raise ValueError(f"{name} drafted ids outside the model's vocabulary [0, {vocab}): {tokens[:16]}")
+        raise ValueError(f"{name} drafted a token its draft_probs give probability 0 (or NaN): the verifier needs the "
+                         "law each token was drawn from (Draft.probs), or None for point masses")
+
+
+def _holds_integers(tensor: torch.Tensor) -> bool:
+    return not (tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex())
+
+
+def _described(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.Tensor | None = None):

@@ -21,7 +21,8 @@ import torch
 
 from selfspec.cache import KVCache
 from selfspec.drafters.base import (
-    Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
+    Draft, DraftContext, check_count, check_probability, draw_draft, load_extra_module, projection_weights,
+    top_draft_tokens, weight_share,
 )
 from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier, score_floor
 from selfspec.sampling import top_probability
@@ -47,10 +48,8 @@ class EagleDrafter:
             raise ValueError("drafter='eagle' needs heads=EagleHead or its directory; train one with "
                              "`python -m training.heads --kind eagle`")
         head = load_extra_module(head, target.model, EagleHead, "the EAGLE head")
-        if not 0.0 <= min_draft_confidence <= 1.0:
-            raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
-        if isinstance(tree_top_k, bool) or not isinstance(tree_top_k, int) or tree_top_k < 1:
-            raise ValueError(f"tree_top_k must be an integer >= 1, got {tree_top_k!r}")
+        check_probability("min_draft_confidence", min_draft_confidence)
+        check_count("tree_top_k", tree_top_k)
         self.tree_top_k = tree_top_k
         self.head = head.eval()
         self.min_draft_confidence = min_draft_confidence

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext, load_extra_module, weight_share
+from selfspec.drafters.base import Draft, DraftContext, check_probability, load_extra_module, weight_share
 from selfspec.sampling import draw, top_probability
 
 
@@ -50,8 +50,9 @@ class EarlyExitDrafter:
                 f"the exit adapter was trained at exit_layer={self.adapter.exit_layer}, not {exit_layer}: pass "
                 f"exit_layer={self.adapter.exit_layer} or train an adapter for layer {exit_layer}"
             )
-        if not 0.0 <= min_draft_confidence <= 1.0:
-            raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
+        check_probability("min_draft_confidence", min_draft_confidence)
+        if not isinstance(share_work, bool):
+            raise ValueError(f"share_work must be True or False, got {share_work!r}")
         target.parts  # fail now, not at the first draft, for a decoder that cannot run layer by layer
         self.exit_layer = exit_layer
         self.min_draft_confidence = min_draft_confidence

@@ -13,7 +13,8 @@ from functools import partial
 import torch
 
 from selfspec.drafters.base import (
-    Draft, DraftContext, draw_draft, load_extra_module, projection_weights, top_draft_tokens, weight_share,
+    Draft, DraftContext, check_count, check_probability, draw_draft, load_extra_module, projection_weights,
+    top_draft_tokens, weight_share,
 )
 from selfspec.drafters.tree_select import ROOT, TreeCandidates, score_floor
 from selfspec.sampling import greedy_tokens, top_probability
@@ -34,10 +35,8 @@ class MedusaDrafter:
     def __init__(self, heads, model=None, min_draft_confidence: float = 0.1, tree_top_k: int = 3):
         from heads import MedusaHeads
 
-        if not 0.0 <= min_draft_confidence <= 1.0:
-            raise ValueError(f"min_draft_confidence must be in [0, 1], got {min_draft_confidence!r}")
-        if isinstance(tree_top_k, bool) or not isinstance(tree_top_k, int) or tree_top_k < 1:
-            raise ValueError(f"tree_top_k must be an integer >= 1, got {tree_top_k!r}")
+        check_probability("min_draft_confidence", min_draft_confidence)
+        check_count("tree_top_k", tree_top_k)
         if model is not None:
             heads = load_extra_module(heads, model, MedusaHeads, "these heads")
         elif not isinstance(heads, MedusaHeads):

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext
+from selfspec.drafters.base import Draft, DraftContext, check_count
 
 
 class NgramDrafter:
     def __init__(self, max_ngram_size: int = 3, min_ngram_size: int = 1):
+        check_count("max_ngram_size", max_ngram_size)
+        check_count("min_ngram_size", min_ngram_size)
         if not 1 <= min_ngram_size <= max_ngram_size:
             raise ValueError(
                 f"need 1 <= min_ngram_size <= max_ngram_size, got {min_ngram_size} and {max_ngram_size}"

@@ -4,7 +4,8 @@ import json
 import pytest
 import torch
 
-from heads import ExitAdapter, MedusaHeads
+from heads import EagleHead, ExitAdapter, MedusaHeads
+from selfspec import SelfSpecModel
 from selfspec.target import TargetModel
 from tests.conftest import random_prompt, tiny_model
 
@@ -96,6 +97,38 @@ def test_not_a_heads_directory(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(FileNotFoundError, match="neither a selfspec heads directory"):
         MedusaHeads.from_pretrained(tmp_path)
+
+
+def test_an_eagle_head_directory_is_not_medusa_heads(tmp_path):
+    model = tiny_model()
+    EagleHead.for_model(model).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="holds an EAGLE head, not Medusa heads: load it with "
+                                         "EagleHead.from_pretrained; in SelfSpecModel use drafter='eagle' or leave "
+                                         "drafter unset"):
+        MedusaHeads.from_pretrained(tmp_path, model=model)
+    with pytest.raises(ValueError, match="use drafter='eagle' or leave drafter unset"):
+        SelfSpecModel(model, drafter="medusa", heads=str(tmp_path))
+    assert type(SelfSpecModel(model, heads=str(tmp_path)).drafter).__name__ == "EagleDrafter"  # left unset: its kind
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_a_directory_whose_config_disagrees_with_its_weights_or_lacks_them(tmp_path, kind):
+    model = tiny_model()
+    head_class = MedusaHeads if kind == "medusa" else EagleHead
+    head_class.for_model(model).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if kind == "medusa":
+        config["num_heads"] += 1
+    else:
+        config["num_layers"] += 1
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"its config.json does not describe its model.safetensors \(.*Missing "
+                                         r"key\(s\).*\); was one of them edited"):
+        head_class.from_pretrained(tmp_path, model=model)
+    (tmp_path / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="no model.safetensors in .*: the directory holds a config.json but not "
+                                                "its weights"):
+        head_class.from_pretrained(tmp_path, model=model)
 
 
 def test_exit_adapter_is_the_identity_at_birth_and_round_trips(tmp_path):

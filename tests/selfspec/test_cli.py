@@ -234,6 +234,46 @@ def test_errors_found_after_parsing_are_one_line_too(tmp_path, model_dir, capsys
     assert_one_line_error(code, err, "--temperature 0")
 
 
+def test_heads_that_cannot_load_give_one_line(tmp_path, model_dir, reference, capsys):
+    """A heads directory whose config.json disagrees with its weights (load_state_dict's RuntimeError), and one
+    without its weights, are one-line errors naming the directory, not tracebacks."""
+    import json
+
+    from heads import MedusaHeads
+
+    edited, partial = tmp_path / "edited", tmp_path / "partial"
+    for directory in (edited, partial):
+        MedusaHeads.for_model(reference.model).save_pretrained(directory)
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps({**config, "num_heads": config["num_heads"] + 2}))
+    (partial / "model.safetensors").unlink()
+    base = ["generate", "--model", model_dir, "--prompt", "hi", "--max-new-tokens", "2", "--threads", "1"]
+    code, out, err = run_main(capsys, *base, "--heads", str(edited))
+    assert_one_line_error(code, err, str(edited), "config.json does not describe its model.safetensors")
+    code, out, err = run_main(capsys, *base, "--heads", str(partial))
+    assert_one_line_error(code, err, f"--heads {partial}", "no model.safetensors")
+    assert out == ""
+
+
+def test_an_empty_prompt_in_the_prompts_file_is_named_by_its_line(model_dir, capsys, tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    for content in ('"hello"\n""\n', '"hello"\n{"prompt": ""}\n'):
+        path.write_text(content, encoding="utf-8")
+        code, out, err = run_main(capsys, "generate", "--model", model_dir, "--prompts-file", str(path))
+        assert_one_line_error(code, err, "--prompts-file", "line 2", "an empty prompt")
+        assert out == ""
+
+
+@pytest.mark.parametrize("seed, words", [(str(2**64), ["--seed", "at most 64 bits"]),
+                                         (str(-2**63 - 1), ["--seed", "expected an integer >="]),
+                                         ("1.5", ["--seed", "expected an integer"])])
+def test_a_seed_torch_cannot_take_is_refused_before_loading(model_dir, capsys, seed, words):
+    code, out, err = run_main(capsys, "generate", "--model", model_dir, "--prompt", "hi", "--do-sample", "--seed", seed)
+    assert_one_line_error(code, err, *words)
+    args = cli.build_parser().parse_args(["generate", "--model", model_dir, "--prompt", "x", "--seed", str(2**64 - 1)])
+    assert args.seed == 2**64 - 1  # torch's largest seed is still one
+
+
 # -- forwarded commands ------------------------------------------------------------------------------------
 
 def test_forwarded_commands(monkeypatch, capfd, tmp_path):

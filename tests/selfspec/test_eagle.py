@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import selfspec.drafters.base
+import selfspec.engine
 from heads.eagle import EagleHead
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
@@ -177,5 +178,9 @@ def test_the_law_test_catches_misplaced_draft_vocabulary_probabilities(monkeypat
     spec = SelfSpecModel(model, heads=randomized_head(model, torch.tensor([2, 3])))
     monkeypatch.setattr(selfspec.drafters.base, "full_vocab_probs", misplaced_probs)
     sampling = SamplingConfig(do_sample=True, temperature=0.9)
+    # The engine's draft check refuses these drafts at once (each drafted token has draft probability 0)...
+    with pytest.raises(ValueError, match="EagleDrafter drafted a token its draft_probs give probability 0"):
+        spec.generate(PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=0.9, num_draft_tokens=2, seed=0)
+    monkeypatch.setattr(selfspec.engine, "check_drafts", lambda drafts, contexts, drafter: None)  # ...the law test too
     law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
     assert law_pvalue(law_samples(spec, sampling, planted_bug=True), law) < 1e-6
