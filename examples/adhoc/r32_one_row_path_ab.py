@@ -4,7 +4,9 @@ columns, AVX-512 build) against the kernel before it (the general path, which re
 columns), built from git revision OLD_REV's source into a temporary directory. Both route plain decoding's one-row
 products through their kernel. SmolLM2 (held-out chat prompts) greedy, 128 tokens without EOS: speculation off and
 the shipped EAGLE head at its defaults, paired and interleaved with plain generate.
-Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r32_one_row_path_ab.py OLD_REV PROMPTS ROUNDS"""
+WRAPPERS (default off,eagle): a comma list of off, eagle (the tree, default), chain (the EAGLE head, tree_size=None),
+medusa (the shipped Medusa heads, default).
+Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r32_one_row_path_ab.py OLD_REV PROMPTS ROUNDS [WRAPPERS]"""
 import ctypes
 import shutil
 import subprocess
@@ -20,6 +22,11 @@ from selfspec.engine import SelfSpecModel
 from harness import greedy_against_generate, smollm2_chat  # examples/adhoc/harness.py
 
 old_rev, num_prompts, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+wrappers = (sys.argv[4] if len(sys.argv) > 4 else "off,eagle").split(",")
+MAKE = {"off": lambda model: SelfSpecModel(model, drafter="none"),
+        "eagle": lambda model: SelfSpecModel(model, heads="examples/smollm2/eagle"),
+        "chain": lambda model: SelfSpecModel(model, heads="examples/smollm2/eagle", tree_size=None),
+        "medusa": lambda model: SelfSpecModel(model, heads="examples/smollm2/heads")}
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
 directory = Path(tempfile.mkdtemp())
@@ -36,9 +43,9 @@ old_kernel.restype = None
 
 model, tokenizer, prompts = smollm2_chat(num_prompts, 128)
 specs = {}
-for name in ("off", "eagle"):
+for name in wrappers:
     for which in ("new", "old"):
-        spec = SelfSpecModel(model, drafter="none") if name == "off" else SelfSpecModel(model, heads="examples/smollm2/eagle")
+        spec = MAKE[name](model)
         if which == "old":
             spec.few_row_linears._kernel = old_kernel  # the model's layers (the drafter's keep the bfloat16 entry point)
         spec.few_row_linears.route_one_row(True)

@@ -18,12 +18,13 @@
  * exactly as they are loaded: half the bytes streamed, the same float32 arithmetic; for a drafter's layers, whose
  * products need not match the model's). One body serves both: `weight_bf16` is a constant at each entry point, so
  * the compiler builds two copies with no test left inside the loops.
- * One row of float32 weights takes a path of its own in the AVX-512 build (`one_row`, round 32): plain decoding's
- * products and a drafter's float32 ones. The general path repeats the row PASS_ROWS times and slices the columns
- * for rows it does not have; one row streamed four weight rows at a time over all their columns measured 0.70-0.75x
- * of its time on round 31-32's AMD EPYC (AVX-512; SmolLM2's layers and LM head, weights streamed from memory:
- * ~15 ms against ~21 ms a pass, ~37 GB/s against ~26). Not taken by the AVX2 build or for bfloat16 weights, where
- * the same path measured slower than the general one (the general path's software prefetch pays there).
+ * One to four rows of float32 weights take a path of their own in the AVX-512 build (`short_rows`, round 32): plain
+ * decoding's products, short chains' verify forwards, a drafter's float32 products. The general path repeats the
+ * last row to fill PASS_ROWS and slices the columns, which so few rows do not need; streaming four weight rows at a
+ * time over all their columns measured on round 32's AMD EPYC (AVX-512; SmolLM2's layers and LM head, weights
+ * streamed from memory) 0.70-0.75x of the general path's time for one row (~15 ms against ~21 ms a pass, ~37 GB/s
+ * against ~26) and 0.82-0.85x for two to four (16.6 / 16.8 / 18.0 ms against 20.2 / 20.4 / 21.2). Not taken by the
+ * AVX2 build or for bfloat16 weights, where one row measured slower that way (AVX2) or was not measured over 2-4.
  */
 #include <immintrin.h>
 
@@ -75,12 +76,12 @@ INLINE vec load_weights(const void *w, long k, int weight_bf16, int eight) {
     return eight ? LOAD8((const float *)w + k) : LOAD((const float *)w + k);
 }
 
-/* One vector of columns (16 or the last 8: `eight`) of the PASS_ROWS rows of x against weight rows w0-w3. */
+/* One vector of columns (16 or the last 8: `eight`) of P rows of x (xr[0 .. P - 1]) against weight rows w0-w3. */
 #define MULTIPLY(k, eight) { \
     vec q0 = load_weights(w0, k, weight_bf16, eight), q1 = load_weights(w1, k, weight_bf16, eight); \
     vec q2 = load_weights(w2, k, weight_bf16, eight), q3 = load_weights(w3, k, weight_bf16, eight); \
     _Pragma("GCC unroll 8") \
-    for (int r = 0; r < PASS_ROWS; r++) { \
+    for (int r = 0; r < P; r++) { \
         vec v = (eight) ? LOAD8(xr[r] + (k)) : LOAD(xr[r] + (k)); \
         acc[r][0] = FMA(v, q0, acc[r][0]); acc[r][1] = FMA(v, q1, acc[r][1]); \
         acc[r][2] = FMA(v, q2, acc[r][2]); acc[r][3] = FMA(v, q3, acc[r][3]); \
@@ -102,39 +103,60 @@ INLINE void one_weight_row(const float *x, long rows, long k_dim, const void *w,
 }
 
 #if defined(__AVX512F__)
-#define ONE_ROW_PATH 1
+#define SHORT_ROWS_PATH 1
 #else
-#define ONE_ROW_PATH 0
+#define SHORT_ROWS_PATH 0
 #endif
 
-/* One row of x against every float32 weight row, four weight rows at a time over all their columns (no slices, no
- * software prefetch: the CPU's own prefetchers follow four sequential streams). The same sum in the same order as
- * the general path (each lane adds its products in k order; the lanes are summed at the end), so a row's result is
- * still the same whatever the rows beside it. */
-INLINE void one_row(const float *x, long k_dim, const float *w, long n_dim, float *y) {
+/* P <= PASS_ROWS rows of x against every float32 weight row, four weight rows at a time over all their columns (no
+ * slices: the rows of x stay in L1 / L2, and each weight row is read once whatever P). One row streams with no
+ * software prefetch (the CPU's own prefetchers follow four sequential streams: measured faster); two to four fetch
+ * the next four weight rows a line per row per 16 columns, as the general path does. The same sums in the same
+ * order as the general path (each lane adds its products in k order; the lanes are summed at the end), so a row's
+ * result is still the same whatever the rows beside it. */
+INLINE void short_rows(const int P, const float *x, long k_dim, const float *w, long n_dim, float *y) {
+    const int weight_bf16 = 0;  /* (MULTIPLY's loads) */
     long n = 0;
     for (; n + 4 <= n_dim; n += 4) {
         const float *w0 = w + n * k_dim, *w1 = w0 + k_dim, *w2 = w1 + k_dim, *w3 = w2 + k_dim;
-        vec a0 = ZERO(), a1 = ZERO(), a2 = ZERO(), a3 = ZERO();
+        const float *next = w3 + k_dim;  /* the next block of four weight rows */
+        const int fetch = P > 1 && n + 8 <= n_dim;
+        const float *xr[PASS_ROWS];
+        vec acc[PASS_ROWS][4];
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < P; r++) {
+            xr[r] = x + r * k_dim;
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++)
+                acc[r][j] = ZERO();
+        }
         long k = 0;
-        for (; k + LANES <= k_dim; k += LANES) {
-            vec v = LOAD(x + k);
-            a0 = FMA(v, LOAD(w0 + k), a0); a1 = FMA(v, LOAD(w1 + k), a1);
-            a2 = FMA(v, LOAD(w2 + k), a2); a3 = FMA(v, LOAD(w3 + k), a3);
+        for (; k + 16 <= k_dim; k += 16) {
+            if (fetch) {
+                _mm_prefetch((const char *)(next + k), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + k_dim + k), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + 2 * k_dim + k), _MM_HINT_T0);
+                _mm_prefetch((const char *)(next + 3 * k_dim + k), _MM_HINT_T0);
+            }
+            _Pragma("GCC unroll 2")
+            for (long h = k; h < k + 16; h += LANES)
+                MULTIPLY(h, 0)
         }
-        if (k < k_dim) {  /* the last 8 columns (k_dim % 16 == 8) */
-            vec v = LOAD8(x + k);
-            a0 = FMA(v, LOAD8(w0 + k), a0); a1 = FMA(v, LOAD8(w1 + k), a1);
-            a2 = FMA(v, LOAD8(w2 + k), a2); a3 = FMA(v, LOAD8(w3 + k), a3);
-        }
-        y[n] = sum_lanes(a0); y[n + 1] = sum_lanes(a1); y[n + 2] = sum_lanes(a2); y[n + 3] = sum_lanes(a3);
+        if (k < k_dim)  /* the last 8 columns (k_dim % 16 == 8) */
+            MULTIPLY(k, 1)
+        _Pragma("GCC unroll 8")
+        for (int r = 0; r < P; r++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++)
+                y[r * n_dim + n + j] = sum_lanes(acc[r][j]);
     }
     for (; n < n_dim; n++)
-        one_weight_row(x, 1, k_dim, w + n * k_dim, y + n, n_dim, 0);
+        one_weight_row(x, P, k_dim, w + n * k_dim, y + n, n_dim, 0);
 }
 
 /* rows <= GROUP rows of x against every weight row. */
 INLINE void row_group(const float *x, long rows, long k_dim, const void *w, long n_dim, float *y, int weight_bf16) {
+    const int P = PASS_ROWS;  /* (MULTIPLY's rows: every pass has PASS_ROWS, repeating the last row past the end) */
     const long row_bytes = k_dim * (weight_bf16 ? 2 : 4);
     /* one 64-byte line of each of the next block's rows per this many 16-column steps of each pass */
     const long steps_per_line = weight_bf16 ? 2 : 1;
@@ -200,9 +222,13 @@ INLINE void row_group(const float *x, long rows, long k_dim, const void *w, long
 
 INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_dim, const float *bias, float *y,
                    int weight_bf16) {
-    if (ONE_ROW_PATH && rows == 1 && !weight_bf16)
-        one_row(x, k_dim, (const float *)w, n_dim, y);
-    else
+    if (SHORT_ROWS_PATH && rows <= PASS_ROWS && !weight_bf16) {
+        const float *wf = (const float *)w;  /* (P a constant in each call: its loops over rows unroll into registers) */
+        if (rows == 1) short_rows(1, x, k_dim, wf, n_dim, y);
+        else if (rows == 2) short_rows(2, x, k_dim, wf, n_dim, y);
+        else if (rows == 3) short_rows(3, x, k_dim, wf, n_dim, y);
+        else short_rows(PASS_ROWS, x, k_dim, wf, n_dim, y);
+    } else
         for (long m = 0; m < rows; m += GROUP)
             row_group(x + m * k_dim, rows - m < GROUP ? rows - m : GROUP, k_dim, w, n_dim, y + m * n_dim, weight_bf16);
     if (bias)
