@@ -47,7 +47,7 @@ for name in wrappers:
     for which in ("new", "old"):
         spec = MAKE[name](model)
         if which == "old":
-            spec.few_row_linears._kernel = old_kernel  # the model's layers (the drafter's keep the bfloat16 entry point)
+            spec.few_row_linears._kernel = old_kernel  # the model's layers (the drafter keeps its bfloat16 kernel)
         spec.few_row_linears.route_one_row(True)
         specs[f"{name} {which}"] = spec
 greedy_against_generate(model, tokenizer, specs, prompts, rounds, 128)
