@@ -33,6 +33,11 @@ FORMAT_NAME = "selfspec-eagle"
 LAYOUTS = ("selfspec", "eagle1")
 
 
+def is_eagle_config(raw: dict) -> bool:
+    """Whether a heads directory's config.json describes an EAGLE head (selfspec's format or its kind)."""
+    return raw.get("format") == FORMAT_NAME or raw.get("kind") == "eagle"
+
+
 @dataclass(frozen=True)
 class EagleConfig:
     base: BaseIdentity

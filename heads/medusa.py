@@ -116,10 +116,10 @@ class MedusaHeads(nn.Module):
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "MedusaHeads":
         """Load heads saved by `save_pretrained` (or published Medusa heads, or a vLLM export); with `model`, check
         they fit it and move them to its device and dtype."""
-        from heads.eagle import FORMAT_NAME as EAGLE_FORMAT
+        from heads.eagle import is_eagle_config
 
         raw = read_config(directory, "a heads directory")
-        if raw.get("format") == EAGLE_FORMAT or raw.get("kind") == "eagle":
+        if is_eagle_config(raw):
             raise ValueError(f"{str(directory)!r} holds an EAGLE head, not Medusa heads: load it with "
                              "EagleHead.from_pretrained; in SelfSpecModel use drafter='eagle' or leave drafter unset")
         if raw.get("format") != FORMAT_NAME:

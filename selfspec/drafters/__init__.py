@@ -15,8 +15,7 @@ HEAD_DRAFTERS = ("medusa", "eagle")
 
 def heads_kind(heads) -> str:
     """"eagle" or "medusa": what a heads module or directory holds (a directory says so in its config.json)."""
-    from heads.eagle import FORMAT_NAME as EAGLE_FORMAT
-    from heads.eagle import EagleHead
+    from heads.eagle import EagleHead, is_eagle_config
 
     if isinstance(heads, EagleHead):
         return "eagle"
@@ -24,7 +23,7 @@ def heads_kind(heads) -> str:
         from heads.checkpoint import read_config
 
         raw = read_config(heads, "a heads directory")
-        return "eagle" if raw.get("format") == EAGLE_FORMAT or raw.get("kind") == "eagle" else "medusa"
+        return "eagle" if is_eagle_config(raw) else "medusa"
     return "medusa"
 
 
