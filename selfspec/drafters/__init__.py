@@ -70,8 +70,9 @@ def make_drafter(drafter, target, heads=None, options: dict | None = None) -> Dr
 
 
 # generate()'s and stream()'s own arguments: given to the wrapper, they are a misplaced call argument, not a typo
+# (kept equal to their signatures by tests/selfspec/test_errors.py; the engine imports this module, not the reverse)
 CALL_ARGUMENTS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "num_draft_tokens", "seed",
-                  "generator", "eos_token_id", "stop_strings", "streamer")
+                  "generator", "eos_token_id", "stop_strings", "streamer", "attention_mask")
 
 
 def drafter_options(drafter: str) -> list[str]:

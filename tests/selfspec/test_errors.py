@@ -109,6 +109,17 @@ def test_unknown_drafter(model):
         SelfSpecModel(model, drafter="lookahead")
 
 
+def test_the_misplaced_call_arguments_are_generates_and_streams():
+    """CALL_ARGUMENTS (what the wrapper's errors call a generate() argument) is exactly their keyword arguments."""
+    import inspect
+
+    from selfspec.drafters import CALL_ARGUMENTS
+
+    keywords = {name for method in (SelfSpecModel.generate, SelfSpecModel.stream)
+                for name in inspect.signature(method).parameters} - {"self", "input_ids"}
+    assert set(CALL_ARGUMENTS) == keywords
+
+
 @pytest.mark.parametrize("drafter, options, says", [
     # a generate() argument given to the wrapper: where it belongs
     ("medusa", {"num_draft_tokens": 4}, r"num_draft_tokens: not an option of drafter='medusa' \(it takes "
