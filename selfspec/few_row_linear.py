@@ -13,6 +13,13 @@ for AVX-512 where the CPU has it and AVX2 + FMA otherwise (round 18's Intel Xeon
 AVX2 build's time over 4-32 rows), and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86
 CPU, everything runs through F.linear as before.
 
+Threads: the kernel splits each product's weight rows between torch's threads (`torch.set_num_threads`; OpenMP, the
+runtime torch's CPU build loaded, so no second pool of threads spins against torch's), four rows at a time, each
+output computed by one thread with the same code: bitwise the same result on any number of threads. Round 33's AMD
+EPYC (2 vCPUs, SmolLM2, greedy, paired with `generate` on as many threads, `examples/adhoc/r33_threads_ab.py`): on
+two threads speculation off 2.22x of `generate` against 1.45x with one-threaded products, the EAGLE tree 3.11x
+against 2.19x; on one thread unchanged (1.77x, 2.48x). F.linear's one-row products were no faster on two threads.
+
 The engine routes the target's and the drafter's nn.Linear layers through it for the duration of each decode step
 (`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
 layer's float32 CPU products over MIN_ROWS..MAX_ROWS rows are taken, and one-row products (plain decoding's
@@ -64,6 +71,11 @@ FLAGS = ["-O3", "-shared", "-fPIC"]
 # The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (round 18's Intel
 # Xeon: 4-32 rows 0.8-0.9x of the AVX2 build's time, the same at 1-2 rows), else AVX2 + FMA.
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+# Threads: the kernel splits each product's weight rows between torch's threads (torch.set_num_threads) through
+# OpenMP, which then is the process's own runtime, the one torch's CPU build loaded and runs its parallel loops in
+# (the same soname). Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~52-62 GB/s, while F.linear's
+# one-row products were no faster on two threads. Where the compiler has no OpenMP, the kernel builds without it.
+THREAD_FLAGS = ["-fopenmp"]
 SETTINGS = ("auto", "on", "off")
 DRAFT_DTYPES = ("auto", "bfloat16", "model", None)
 logger = logging.getLogger(__name__)
@@ -118,6 +130,26 @@ def kernel_version() -> str:
 def unavailable_reason() -> str | None:
     """None when the kernel is built and loaded here, else why not (no x86 CPU with AVX2, no C compiler, ...)."""
     return _load()[1]
+
+
+def kernel_threads() -> int:
+    """The threads the kernel splits a large product's weight rows between, called from this thread now: torch's
+    thread count (`torch.get_num_threads()`) where it was built with OpenMP, 1 where it was built without (or is
+    unavailable). A product over fewer than `min_thread_weights()` weights runs on one thread."""
+    library = _kernel_library()
+    return 1 if library is None else library.few_row_linear_threads()
+
+
+def min_thread_weights() -> int:
+    """The fewest weights (rows x columns) a product has to be split between threads (the kernel's constant)."""
+    library = _kernel_library()
+    return 0 if library is None else library.few_row_linear_min_thread_weights()
+
+
+def _kernel_library() -> ctypes.CDLL | None:
+    """The loaded kernel library of `kernel_isa()`'s build, or None where it is unavailable."""
+    isa = kernel_isa()
+    return None if isa is None or _load()[0] is None else _built_library(isa)[0]
 
 
 def few_row_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -304,6 +336,20 @@ def _load_bf16(isa: str | None = None):
 
 
 def _entry_point(name: str, isa: str | None):
+    library, why_not = _built_library(isa)
+    if library is None:
+        return None, why_not
+    kernel = getattr(library, name)
+    kernel.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                       ctypes.c_void_p, ctypes.c_void_p]
+    kernel.restype = None
+    return kernel, None
+
+
+@lru_cache(maxsize=None)
+def _built_library(isa: str | None):
+    """(the kernel's library built for `isa`, None) or (None, why not): with OpenMP where the compiler has it
+    (THREAD_FLAGS), else without."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None, f"the CPU is {platform.machine()}, not x86-64"
     if kernel_isa() is None:
@@ -316,15 +362,19 @@ def _entry_point(name: str, isa: str | None):
     if not compiler:
         return None, "no C compiler found (install gcc, or set CC)"
     try:
-        library = _build(compiler, ISA_FLAGS[isa])
-        kernel = getattr(_library(library), name)
+        try:
+            library = _build(compiler, [*ISA_FLAGS[isa], *THREAD_FLAGS])
+        except (OSError, subprocess.SubprocessError) as error:  # (no OpenMP here: one thread per product)
+            logger.info("selfspec: the few-row kernel did not build with OpenMP (%s); building it single-threaded",
+                        error)
+            library = _build(compiler, ISA_FLAGS[isa])
+        library = _library(library)
+        library.few_row_linear_threads.restype = ctypes.c_int
+        library.few_row_linear_min_thread_weights.restype = ctypes.c_long
+        return library, None
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("selfspec: the few-row kernel did not build (%s); using F.linear", error)
         return None, f"the kernel did not build with {compiler}: {error}"
-    kernel.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                       ctypes.c_void_p, ctypes.c_void_p]
-    kernel.restype = None
-    return kernel, None
 
 
 @lru_cache(maxsize=None)

@@ -2,6 +2,8 @@
 routed only inside the engine's steps and only for the products the kernel is for; the engine's output with it
 equal to the output without it; a clear error when it is demanded and cannot run; a quiet fallback when it does
 not build."""
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -65,6 +67,53 @@ def test_bfloat16_weights_are_widened_exactly(needs_kernel, isa, rows, n_dim, k_
         torch.testing.assert_close(frl.few_row_linear(x, weight, bias), out, rtol=0, atol=0)
 
 
+@pytest.fixture
+def kernel_on_threads(needs_kernel):
+    """set(threads): torch's thread count, which the kernel splits its products between (restored after); skips
+    where the kernel was built without OpenMP (one thread whatever torch's count)."""
+    before = torch.get_num_threads()
+
+    def set_threads(threads: int) -> None:
+        torch.set_num_threads(threads)
+        if threads > 1 and frl.kernel_threads() == 1:
+            pytest.skip("the kernel was built without OpenMP here: it runs on one thread")
+        assert frl.kernel_threads() == threads
+
+    yield set_threads
+    torch.set_num_threads(before)
+
+
+# Shapes at or above the kernel's threshold for a split (MIN_THREAD_WEIGHTS, 65536 weights): n_dim % 4 = 0, 1, 3
+# and 1 (a last share with the rows past the last block of four); 3 threads: shares of unequal length.
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 50])
+@pytest.mark.parametrize("n_dim, k_dim", [(256, 256), (1029, 64), (131, 520), (4101, 24)])
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+def test_threads_split_the_weight_rows_and_change_no_bit(kernel_on_threads, rows, n_dim, k_dim, threads,
+                                                         weight_dtype):
+    assert n_dim * k_dim >= frl.min_thread_weights()  # (so the product is split)
+    g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
+    x, bias = torch.randn(rows, k_dim, generator=g), torch.randn(n_dim, generator=g)
+    weight = torch.randn(n_dim, k_dim, generator=g).to(weight_dtype)
+    kernel_on_threads(1)
+    alone = frl.few_row_linear(x, weight, bias)
+    kernel_on_threads(threads)
+    split = frl.few_row_linear(x, weight, bias)
+    assert torch.equal(split, alone)  # each output is one thread's sum, the same sum in the same order
+    torch.testing.assert_close(split, F.linear(x, weight.float(), bias), rtol=1e-5, atol=1e-5 * k_dim ** 0.5)
+
+
+def test_the_kernel_shares_the_process_openmp_runtime(kernel_on_threads):
+    # Built with OpenMP, the kernel must run in the runtime torch loaded, not a second one whose threads would spin
+    # against torch's on the same cores.
+    kernel_on_threads(2)
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("no /proc/self/maps here to list the loaded libraries")
+    runtimes = {line.split()[-1] for line in maps.read_text().splitlines() if "libgomp" in line or "libomp" in line}
+    assert len(runtimes) == 1, runtimes
+
+
 @pytest.mark.usefixtures("needs_kernel")
 def test_kernel_takes_batched_and_strided_inputs():
     x = torch.randn(2, 3, 40)[:, :, :32]  # [2, 3, 32], not contiguous
@@ -82,10 +131,11 @@ def test_kernel_refuses_a_bias_of_another_length():
 
 class CountingKernel:
     def __init__(self, kernel):
-        self.kernel, self.rows, self.outputs = kernel, [], []
+        self.kernel, self.rows, self.outputs, self.inputs = kernel, [], [], []
 
     def __call__(self, x_ptr, rows, *args):  # args: k, weight, n (the outputs per row), bias, out
         self.rows.append(rows)
+        self.inputs.append(args[0])
         self.outputs.append(args[2])
         return self.kernel(x_ptr, rows, *args)
 
@@ -280,6 +330,28 @@ def test_engine_output_is_unchanged_by_the_kernel_which_it_uses(counting_kernel,
     assert all(torch.equal(row, reference) for row, reference in zip(batch.sequences, expected))
 
 
+def test_engine_output_on_two_threads_is_its_greedy_output(kernel_on_threads, counting_kernel):
+    # hidden 256: the attention's and MLP's products (256 x 256, 512 x 256) are split between the threads
+    model = tiny_model("llama", dtype=torch.float32, hidden=256)
+    prompts = [random_prompt(9, seed=1), random_prompt(14, seed=2)]
+    expected = greedy_sequences(model, prompts, 50)
+    heads = trained_heads(model, [sequence[: len(prompt[0]) + 25] for sequence, prompt in zip(expected, prompts)])
+    kernel_on_threads(2)
+    spec = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
+    spec.few_row_linears.route_one_row(True)
+    for calls in (counting_kernel.rows, counting_kernel.inputs, counting_kernel.outputs):
+        calls.clear()
+    stats = []
+    for prompt, reference in zip(prompts, expected):
+        out = spec.generate(prompt, max_new_tokens=50, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences[0], reference)
+        stats.append(out.stats)
+    assert_exercised(stats)  # (the heads learned the first 25 tokens: later drafts are rejected)
+    split = [(rows, n * k) for rows, n, k in zip(counting_kernel.rows, counting_kernel.outputs, counting_kernel.inputs)
+             if n * k >= frl.min_thread_weights()]
+    assert any(rows == 1 for rows, _ in split) and any(rows > 1 for rows, _ in split)  # decodes and verifications
+
+
 def test_a_tree_projects_its_draft_vocabulary_through_the_kernel(counting_kernel):
     # A tree's levels project several rows onto the draft vocabulary's LM head rows at once: the engine routes that
     # product (the LM head's rows as a layer of their own) as it routes the heads', and the output is unchanged.
@@ -360,17 +432,23 @@ def test_settings_and_errors(monkeypatch):
     assert SelfSpecModel(tiny_model(dtype=torch.float32), drafter="ngram").few_row_linears is None
 
 
+def _forget_builds():
+    frl._load.cache_clear()
+    frl._built_library.cache_clear()
+
+
 def test_a_failed_build_falls_back_with_its_reason(monkeypatch):
     if frl.platform.machine().lower() not in ("x86_64", "amd64") or torch.backends.cpu.get_cpu_capability() not in (
             "AVX2", "AVX512"):
         pytest.skip("not an x86 CPU with AVX2: the build is never tried")
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
-    frl._load.cache_clear()
+    _forget_builds()
     try:
         kernel, why_not = frl._load()
         assert kernel is None and "did not build with false" in why_not
+        assert frl.kernel_threads() == 1
     finally:
-        frl._load.cache_clear()
+        _forget_builds()
 
 
 def test_a_layer_whose_forward_was_replaced_is_left_alone(counting_kernel):
@@ -395,11 +473,11 @@ def test_the_kernels_version_names_its_instruction_set(monkeypatch):
 
 def test_an_avx512_build_is_refused_where_the_cpu_lacks_it(monkeypatch, needs_kernel):
     monkeypatch.setattr(frl, "kernel_isa", lambda: "avx2")
-    frl._load.cache_clear()
+    _forget_builds()
     try:
         kernel, why_not = frl._load("avx512")
         assert kernel is None and "lacks AVX-512" in why_not
         with pytest.raises(ValueError, match="isa='sse'"):
             frl._load("sse")
     finally:
-        frl._load.cache_clear()
+        _forget_builds()
