@@ -36,7 +36,9 @@ def parse_args(argv=None):
     parser.add_argument("--prompt", default=None, help="default: a held-out chat question (selfspec/bench/prompts.py)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each, interleaved; the median is shown")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads; 1 gives stable timings on a small model")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; 1 gives the steadiest timings; with more, selfspec's few-row kernel "
+                        "splits its products between them")
     parser.add_argument("--tree-size", default="auto", type=tree_size,
                         help="verify a tree of this many draft tokens per step (an int), auto (trees where they pay, "
                              "else chains) or none (chains); default: auto")
@@ -139,7 +141,7 @@ def main(argv=None) -> None:
     print(f"plain model.generate : {len(plain_ids) / plain_median:6.1f} tokens/s  (median of {args.runs} runs)")
     print(f"selfspec             : {len(spec_ids) / spec_median:6.1f} tokens/s  drafting with {drafts_with} (defaults)")
     print(f"speedup              : {plain_median / spec_median:.2f}x  (per-run pairs {min(ratios):.2f}x-{max(ratios):.2f}x, "
-          f"{torch.get_num_threads()} torch thread)")
+          f"{torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''})")
     print(f"tokens per forward   : {stats.tokens_per_forward:.2f}  ({stats.new_tokens} tokens in {stats.target_forwards} "
           "passes of the model, prefill included; plain decoding needs one per token)")
     print(f"acceptance           : {stats.accepted} of {stats.drafted} drafts; by draft position (a tree's depth), "

@@ -179,8 +179,8 @@ def _add_generate(commands) -> None:
                        "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
                        "else the model's; model: the model's own dtype")
     where.add_argument("--threads", type=_int_at_least(1), metavar="N",
-                       help="CPU threads for torch; default: torch's own choice (one per core); 1 is fastest for "
-                       "small models or on a busy machine")
+                       help="CPU threads for torch (selfspec's few-row kernel splits its products between them); "
+                       "default: torch's own choice (one per core); 1 is steadiest on a busy machine")
 
     prompt = g.add_argument_group("prompt")
     source = prompt.add_mutually_exclusive_group(required=True)
