@@ -133,17 +133,18 @@ def unavailable_reason() -> str | None:
 
 
 def kernel_threads() -> int:
-    """The threads the kernel splits a large product's weight rows between, called from this thread now: torch's
+    """The most threads the kernel splits a product's weight rows between, called from this thread now: torch's
     thread count (`torch.get_num_threads()`) where it was built with OpenMP, 1 where it was built without (or is
-    unavailable). A product over fewer than `min_thread_weights()` weights runs on one thread."""
+    unavailable). A product takes fewer where each would get under `weights_per_thread()` weights (or four rows)."""
     library = _kernel_library()
     return 1 if library is None else library.few_row_linear_threads()
 
 
-def min_thread_weights() -> int:
-    """The fewest weights (rows x columns) a product has to be split between threads (the kernel's constant)."""
+def weights_per_thread() -> int:
+    """The fewest weights (rows x columns) each thread of a split product gets (the kernel's constant): a product of
+    fewer than twice as many runs on one thread."""
     library = _kernel_library()
-    return 0 if library is None else library.few_row_linear_min_thread_weights()
+    return 0 if library is None else library.few_row_linear_weights_per_thread()
 
 
 def _kernel_library() -> ctypes.CDLL | None:
@@ -370,7 +371,7 @@ def _built_library(isa: str | None):
             library = _build(compiler, ISA_FLAGS[isa])
         library = _library(library)
         library.few_row_linear_threads.restype = ctypes.c_int
-        library.few_row_linear_min_thread_weights.restype = ctypes.c_long
+        library.few_row_linear_weights_per_thread.restype = ctypes.c_long
         return library, None
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("selfspec: the few-row kernel did not build (%s); using F.linear", error)

@@ -244,19 +244,24 @@ INLINE void weight_rows(const float *x, long rows, long k_dim, const void *w, lo
 }
 
 /* Threads: where built with OpenMP (-fopenmp; it then shares the process's OpenMP runtime, the one torch runs its own
- * parallel loops in), the weight rows are split between omp_get_max_threads() threads in blocks of four (torch's
- * thread count: torch.set_num_threads sets it), each thread streaming its share of the weights. A product over fewer
- * than MIN_THREAD_WEIGHTS weights, or called inside a parallel region, stays on the calling thread. Every output
- * element is computed by one thread with the same code, so the result is bitwise the same for any number of threads.
- * Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~52-62 GB/s. */
-#define MIN_THREAD_WEIGHTS 65536
+ * parallel loops in), the weight rows are split between up to omp_get_max_threads() threads in blocks of four
+ * (torch's thread count: torch.set_num_threads sets it), each thread streaming its share of the weights, and each
+ * thread given at least WEIGHTS_PER_THREAD weights (128 KB of float32: a share much smaller streams in less time than
+ * waking a thread takes, so a product of SmolLM2's key projection, 110k weights, is split in two however many cores
+ * there are). A product called inside a parallel region stays on the calling thread. Every output element is
+ * computed by one thread with the same code, so the result is bitwise the same for any number of threads.
+ * Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s. */
+#define WEIGHTS_PER_THREAD 32768
 
 INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_dim, const float *bias, float *y,
                    int weight_bf16) {
     int threads = 1;
 #ifdef _OPENMP
-    if (n_dim * k_dim >= MIN_THREAD_WEIGHTS && !omp_in_parallel()) {
+    if (!omp_in_parallel()) {
+        long most = n_dim * k_dim / WEIGHTS_PER_THREAD;
         threads = omp_get_max_threads();
+        if (threads > most)
+            threads = (int)most;
         if (threads > n_dim / 4)
             threads = (int)(n_dim / 4);
     }
@@ -287,8 +292,8 @@ void few_row_linear_bf16(const float *x, long rows, long k_dim, const unsigned s
     linear(x, rows, k_dim, w, n_dim, bias, y, 1);
 }
 
-/* The threads a product over at least MIN_THREAD_WEIGHTS weights (and four weight rows per thread) is split between
- * when called here now: torch's thread count where built with OpenMP, else 1. */
+/* The most threads a product is split between when called here now: torch's thread count where built with OpenMP,
+ * else 1 (a product takes fewer where it has fewer than WEIGHTS_PER_THREAD weights or four weight rows each). */
 int few_row_linear_threads(void) {
 #ifdef _OPENMP
     return omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -297,5 +302,5 @@ int few_row_linear_threads(void) {
 #endif
 }
 
-/* The fewest weights (rows x columns) a product must have to be split between threads. */
-long few_row_linear_min_thread_weights(void) { return MIN_THREAD_WEIGHTS; }
+/* The fewest weights (rows x columns) each thread of a split product gets. */
+long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }

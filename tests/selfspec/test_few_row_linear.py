@@ -83,15 +83,16 @@ def kernel_on_threads(needs_kernel):
     torch.set_num_threads(before)
 
 
-# Shapes at or above the kernel's threshold for a split (MIN_THREAD_WEIGHTS, 65536 weights): n_dim % 4 = 0, 1, 3
-# and 1 (a last share with the rows past the last block of four); 3 threads: shares of unequal length.
+# Shapes of at least two threads' worth of weights (the kernel's WEIGHTS_PER_THREAD, 32768, each): n_dim % 4 = 0, 1,
+# 3 and 1 (a last share with the rows past the last block of four); 3 threads: shares of unequal length, where a
+# product has three threads' worth (4101 x 24, 1003 x 112).
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 50])
-@pytest.mark.parametrize("n_dim, k_dim", [(256, 256), (1029, 64), (131, 520), (4101, 24)])
+@pytest.mark.parametrize("n_dim, k_dim", [(256, 256), (1029, 64), (131, 520), (4101, 24), (1003, 112)])
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
 def test_threads_split_the_weight_rows_and_change_no_bit(kernel_on_threads, rows, n_dim, k_dim, threads,
                                                          weight_dtype):
-    assert n_dim * k_dim >= frl.min_thread_weights()  # (so the product is split)
+    assert n_dim * k_dim >= 2 * frl.weights_per_thread()  # (so the product is split)
     g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
     x, bias = torch.randn(rows, k_dim, generator=g), torch.randn(n_dim, generator=g)
     weight = torch.randn(n_dim, k_dim, generator=g).to(weight_dtype)
@@ -348,7 +349,7 @@ def test_engine_output_on_two_threads_is_its_greedy_output(kernel_on_threads, co
         stats.append(out.stats)
     assert_exercised(stats)  # (the heads learned the first 25 tokens: later drafts are rejected)
     split = [(rows, n * k) for rows, n, k in zip(counting_kernel.rows, counting_kernel.outputs, counting_kernel.inputs)
-             if n * k >= frl.min_thread_weights()]
+             if n * k >= 2 * frl.weights_per_thread()]
     assert any(rows == 1 for rows, _ in split) and any(rows > 1 for rows, _ in split)  # decodes and verifications
 
 
