@@ -73,7 +73,7 @@ FLAGS = ["-O3", "-shared", "-fPIC"]
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
 # Threads: the kernel splits each product's weight rows between torch's threads (torch.set_num_threads) through
 # OpenMP, which then is the process's own runtime, the one torch's CPU build loaded and runs its parallel loops in
-# (the same soname). Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~52-62 GB/s, while F.linear's
+# (the same soname). Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s, while F.linear's
 # one-row products were no faster on two threads. Where the compiler has no OpenMP, the kernel builds without it.
 THREAD_FLAGS = ["-fopenmp"]
 SETTINGS = ("auto", "on", "off")

@@ -247,8 +247,8 @@ INLINE void weight_rows(const float *x, long rows, long k_dim, const void *w, lo
  * parallel loops in), the weight rows are split between up to omp_get_max_threads() threads in blocks of four
  * (torch's thread count: torch.set_num_threads sets it), each thread streaming its share of the weights, and each
  * thread given at least WEIGHTS_PER_THREAD weights (128 KB of float32: a share much smaller streams in less time than
- * waking a thread takes, so a product of SmolLM2's key projection, 110k weights, is split in two however many cores
- * there are). A product called inside a parallel region stays on the calling thread. Every output element is
+ * waking a thread takes, so a product of SmolLM2's key projection, 110k weights, takes at most three threads however
+ * many cores there are). A product called inside a parallel region stays on the calling thread. Every output element is
  * computed by one thread with the same code, so the result is bitwise the same for any number of threads.
  * Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s. */
 #define WEIGHTS_PER_THREAD 32768
