@@ -90,16 +90,21 @@ def kernel_on_threads(needs_kernel):
 @pytest.mark.parametrize("n_dim, k_dim", [(256, 256), (1029, 64), (131, 520), (4101, 24), (1003, 112)])
 @pytest.mark.parametrize("threads", [2, 3])
 @pytest.mark.parametrize("weight_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
 def test_threads_split_the_weight_rows_and_change_no_bit(kernel_on_threads, rows, n_dim, k_dim, threads,
-                                                         weight_dtype):
+                                                         weight_dtype, isa):
+    kernel, why_not = (frl._load_bf16 if weight_dtype is torch.bfloat16 else frl._load)(isa)
+    if kernel is None:
+        pytest.skip(f"no {isa} kernel here: {why_not}")
     assert n_dim * k_dim >= 2 * frl.weights_per_thread()  # (so the product is split)
     g = torch.Generator().manual_seed(rows * 1000 + n_dim + k_dim)
     x, bias = torch.randn(rows, k_dim, generator=g), torch.randn(n_dim, generator=g)
     weight = torch.randn(n_dim, k_dim, generator=g).to(weight_dtype)
     kernel_on_threads(1)
-    alone = frl.few_row_linear(x, weight, bias)
+    alone = frl._run(kernel, x, weight, bias)
     kernel_on_threads(threads)
-    split = frl.few_row_linear(x, weight, bias)
+    assert frl._built_library(isa)[0].few_row_linear_threads() == threads  # (this build splits too)
+    split = frl._run(kernel, x, weight, bias)
     assert torch.equal(split, alone)  # each output is one thread's sum, the same sum in the same order
     torch.testing.assert_close(split, F.linear(x, weight.float(), bias), rtol=1e-5, atol=1e-5 * k_dim ** 0.5)
 
