@@ -41,9 +41,14 @@ def check_prompt_form(input_ids) -> None:
                         "chat messages")
 
 
+def holds_integers(tensor: torch.Tensor) -> bool:
+    """Whether a tensor's dtype can hold token ids: an integer dtype, not bool, floating or complex."""
+    return not (tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex())
+
+
 def check_id_dtype(ids: torch.Tensor) -> None:
     """Token ids must be integers: a float or bool tensor (or a list of floats) is refused, not rounded."""
-    if ids.numel() and (ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex()):
+    if ids.numel() and not holds_integers(ids):
         raise TypeError(f"token ids must be integers, got {ids.dtype} ids: pass a torch.long tensor or a list of ints "
                         "(as tokenizer(text, return_tensors='pt').input_ids gives them)")
 

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from selfspec.inputs import holds_integers
+
 
 class StopStrings:
     """Stop strings with the semantics of `transformers`' `generate(stop_strings=..., tokenizer=...)`, whose matcher
@@ -76,7 +78,7 @@ def eos_ids(eos_token_id, vocab_size: int) -> list[int]:
 def _is_token_id(value) -> bool:
     """A Python, numpy or 0-d torch integer; never a bool (an int to Python, but no one's token id)."""
     if isinstance(value, torch.Tensor):
-        return value.ndim == 0 and not (value.dtype == torch.bool or value.is_floating_point() or value.is_complex())
+        return value.ndim == 0 and holds_integers(value)
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 

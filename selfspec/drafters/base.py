@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import torch
 
 from heads.draft_vocab import full_vocab_probs
+from selfspec.inputs import holds_integers
 from selfspec.sampling import SamplingConfig, draw, logits_to_probs, top_probability
 from selfspec.tree import DraftTree
 
@@ -131,7 +132,7 @@ def check_drafts(drafts: list, contexts: list[DraftContext], drafter) -> None:
             raise ValueError(f"{name}.propose returned {type(draft).__name__}, not a Draft: return Draft(tokens) "
                              "(or Draft.empty(device) to propose nothing)")
         tokens, vocab = draft.tokens, context.target.vocab_size
-        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 1 or not _holds_integers(tokens):
+        if not isinstance(tokens, torch.Tensor) or tokens.ndim != 1 or not holds_integers(tokens):
             raise ValueError(f"{name} drafted {_described(tokens)}: Draft.tokens must be a 1-D tensor of token ids "
                              "(torch.long)")
         if tokens.device != context.token_ids.device:
@@ -161,10 +162,6 @@ def check_drafts(drafts: list, contexts: list[DraftContext], drafter) -> None:
                 raise ValueError(f"{name} drafted ids outside the model's vocabulary [0, {vocab}): {tokens[:16]}")
         raise ValueError(f"{name} drafted a token its draft_probs give probability 0 (or NaN): the verifier needs the "
                          "law each token was drawn from (Draft.probs), or None for point masses")
-
-
-def _holds_integers(tensor: torch.Tensor) -> bool:
-    return not (tensor.dtype == torch.bool or tensor.is_floating_point() or tensor.is_complex())
 
 
 def _described(value) -> str:
