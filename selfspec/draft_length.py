@@ -182,25 +182,39 @@ class AdaptiveDraftLength:
         (k - 1)-th level added to them, at most `verified_tokens(k)`. A depth not drafted yet is so priced from the
         depths below it, and a tree that drafted k - 1 levels for fewer nodes than its budget (a node floor) is
         expected to grow as it did, not to fill its budget. A chain's k stays k."""
-        before, expected = 0.0, 0.0
-        for k in range(1, num_draft_tokens + 1):
+        return self.tokens_verified_up_to(num_draft_tokens)[num_draft_tokens]
+
+    def tokens_verified_up_to(self, max_draft_tokens: int) -> list[float]:
+        """[k] tokens_verified(k) for k = 0 .. max_draft_tokens, in one pass (each depth is priced from the one
+        before it; the policy prices every depth every step)."""
+        before, expected, verified = 0.0, 0.0, [0.0]
+        for k in range(1, max_draft_tokens + 1):
             most = self.verified_tokens(k)
             prior = most if k == 1 else min(most, 2 * expected - before)
             steps, total = (self.verified_steps[k], self.verified_sum[k]) if k <= self.max_draft_tokens else (0.0, 0.0)
             before, expected = expected, (total + prior) / (steps + 1.0)
-        return expected
+            verified.append(expected)
+        return verified
 
     def step_cost(self, num_draft_tokens: int) -> float:
         """Expected cost of a step asking for `num_draft_tokens`, in one-token decodes."""
-        verify = curve_at(self.cost_curve, self.tokens_verified(num_draft_tokens))
-        if num_draft_tokens:
-            declined = self.decline_rate()
-            verify = (1.0 - declined) * verify + declined * self.cost_curve(0)
-        return verify + self.overhead.predict(num_draft_tokens)
+        return self.step_costs_up_to(num_draft_tokens)[num_draft_tokens]
+
+    def step_costs_up_to(self, max_draft_tokens: int) -> list[float]:
+        """[k] step_cost(k) for k = 0 .. max_draft_tokens, in one pass."""
+        declined, at_zero = self.decline_rate(), self.cost_curve(0)
+        costs = []
+        for k, verified in enumerate(self.tokens_verified_up_to(max_draft_tokens)):
+            verify = curve_at(self.cost_curve, verified)
+            if k:
+                verify = (1.0 - declined) * verify + declined * at_zero
+            costs.append(verify + self.overhead.predict(k))
+        return costs
 
     def choose(self) -> int:
         tokens = self.expected_tokens_up_to(self.max_draft_tokens)
-        rates = [tokens[k] / self.step_cost(k) for k in range(self.max_draft_tokens + 1)]
+        costs = self.step_costs_up_to(self.max_draft_tokens)
+        rates = [expected / cost for expected, cost in zip(tokens, costs)]
         k = max(range(len(rates)), key=rates.__getitem__)
         if rates[k] < (1.0 + self.min_gain) * rates[0]:  # a gain within the estimates' error: decode plainly
             k = 0

@@ -2,8 +2,11 @@
 
 Each proposal first feeds the head every position committed since its last proposal, with the base's REAL final
 hidden states (`DraftContext.hidden_states`), then drafts k tokens one at a time on its own predicted features.
-The head keeps its own KV cache; like the main cache it holds one entry per position and is rolled back by length:
-entries written while drafting are cut before the next proposal, which rewrites those positions from real features.
+The head keeps its own KV cache, rolled back by length like the main one: entries written while drafting are cut
+before the next proposal, which rewrites those positions from real features. It holds one entry per position read,
+at that position (rotary embeddings take positions, the causal mask counts entries); a probe (`DraftContext.probe`)
+reads at most the `PROBE_CATCH_UP` newest states of those it has not seen, so the positions before them stay
+unread: the head attends to fewer of them, which can change its guesses, never what the verifier accepts.
 Greedy drafts are argmax point masses; sampled drafts carry their draft_probs (zero outside the draft vocabulary)
 to the exact verifier.
 Trees (`DraftContext.tree_size` = N > 0), EAGLE-2 style: depth by depth, the `tree_top_k` candidates of highest
@@ -26,6 +29,11 @@ from selfspec.drafters.base import (
 )
 from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier, score_floor
 from selfspec.sampling import top_probability
+
+# The most unseen states a probe reads (the newest). After steps at k = 0 a probe had the head read every position
+# since its last proposal, the prompt included when it is the first: on the reference model a random head's three
+# probes a call read ~160 positions, 2.3 % of the call (round 33, examples/adhoc/r33_random_eagle_breakdown.py).
+PROBE_CATCH_UP = 16
 
 
 class EagleDrafter:
@@ -56,7 +64,8 @@ class EagleDrafter:
         self.embed = target.model.get_input_embeddings()
         self.draft_vocab = head.draft_vocab  # [N] ids or None (full vocabulary)
         self._cache = None
-        self._real_length = 0  # head cache entries computed from the base's real features
+        self._real_length = 0  # positions read: the next proposal's first new state is at this position
+        self._real_entries = 0  # head cache entries computed from the base's real features (<= _real_length)
         # A draft token meets the head and the LM head rows it projects onto (SmolLM2's head: about 0.07 of a decode).
         rows = projection_weights(target.model, self.draft_vocab)
         self.draft_cost = weight_share(target.model, [self.head], extra_weights=rows)
@@ -75,17 +84,18 @@ class EagleDrafter:
         num_tokens, num_new = context.token_ids.shape[0], new_features.shape[0]
         first = num_tokens - 1 - num_new  # position of new_features[0]; it predicts token_ids[first + 1]
         if first == 0 or self._cache is None:  # a new sequence
-            self._cache, self._real_length = KVCache(self.head, self.head.new_cache()), 0
+            self._cache, self._real_length, self._real_entries = KVCache(self.head, self.head.new_cache()), 0, 0
         if first != self._real_length:
             raise RuntimeError(
                 f"the EAGLE drafter saw positions up to {self._real_length} but the next new feature is at {first}: "
                 "every committed position's hidden state must reach it (DraftContext.hidden_states)"
             )
-        self._cache.rollback(self._real_length)  # drop the entries the previous proposal drafted on predicted features
-        positions = torch.arange(first, num_tokens - 1, device=new_features.device)
-        next_embeddings = self.embed(context.token_ids[first + 1 :])[None]
-        features = self.head(new_features[None], next_embeddings, positions[None], self._cache.hf_cache)
-        self._real_length = num_tokens - 1
+        self._cache.rollback(self._real_entries)  # drop the entries the previous proposal drafted on predicted features
+        skip = max(num_new - PROBE_CATCH_UP, 0) if context.probe else 0  # unseen positions left unread
+        positions = torch.arange(first + skip, num_tokens - 1, device=new_features.device)
+        next_embeddings = self.embed(context.token_ids[first + skip + 1 :])[None]
+        features = self.head(new_features[None, skip:], next_embeddings, positions[None], self._cache.hf_cache)
+        self._real_length, self._real_entries = num_tokens - 1, self._cache.length
         feature = features[0, -1:]  # [1, hidden] predicted feature of the pending token's position
         if context.tree_size:
             return self._draft_tree(feature, context)
@@ -153,7 +163,7 @@ class EagleDrafter:
         ancestors' entries and its own new one."""
         rows = len(ancestor_slots)
         attended = torch.zeros(rows, slots_before + rows, dtype=torch.bool)
-        attended[:, : self._real_length] = True
+        attended[:, : self._real_entries] = True
         for i, slots in enumerate(ancestor_slots):
             attended[i, slots + [slots_before + i]] = True
         mask = torch.zeros(attended.shape, dtype=dtype)

@@ -131,6 +131,61 @@ def test_the_head_cache_holds_one_entry_per_committed_position():
         assert cached == real + max(num_drafted - 1, 0)  # plus the drafted entries (the last draft is never fed)
 
 
+class GapsThenProbes:
+    """A draft-length policy: `gap` steps at k = 0, then a probe (one token, scored in shadow), then `burst` steps
+    drafting `k` (verified), over and over; records each step's outcome."""
+
+    def __init__(self, gap: int, burst: int, k: int):
+        self.gap, self.burst, self.k, self.step, self.observed = gap, burst, k, 0, []
+
+    def _phase(self) -> int:
+        return self.step % (self.gap + 1 + self.burst)
+
+    def probe_in_shadow(self, full_forward=True) -> bool:
+        return self._phase() == self.gap
+
+    def choose(self) -> int:
+        phase = self._phase()
+        return 0 if phase < self.gap else 1 if phase == self.gap else self.k
+
+    def observe(self, num_drafted, num_accepted, seconds=None, **_):
+        self.observed.append((self.probe_in_shadow(), num_drafted, num_accepted))
+        self.step += 1
+
+
+@pytest.mark.parametrize("tree_size", [None, 6])
+def test_probes_read_at_most_the_newest_unseen_states_and_output_stays_greedy(tree_size):
+    """After PROBE_CATCH_UP + 4 steps at k = 0 a probe has the head read only the newest PROBE_CATCH_UP states (the
+    first probe: of the prompt too), leaving a gap of unread positions in its cache; drafting after it, chains or
+    trees, still gives generate's greedy output, its drafts partly accepted."""
+    from selfspec.drafters.eagle import PROBE_CATCH_UP
+
+    model = sharp(tiny_model())
+    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=tree_size)
+    drafter, read = spec.drafter, []
+    original = drafter.propose
+
+    def propose(context):
+        entries_before = drafter._real_entries if context.token_ids.shape[0] - context.hidden_states.shape[0] > 1 else 0
+        draft = original(context)
+        read.append((context.probe, context.hidden_states.shape[0], drafter._real_entries - entries_before,
+                     drafter._real_length - drafter._real_entries))
+        return draft
+
+    drafter.propose = propose
+    policy = GapsThenProbes(gap=PROBE_CATCH_UP + 4, burst=5, k=3)
+    prompt = random_prompt(30, seed=2)
+    plain = model.generate(prompt, max_new_tokens=140, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = spec.generate(prompt, max_new_tokens=140, num_draft_tokens=policy, eos_token_id=[])
+    assert torch.equal(out.sequences, plain)
+    assert_exercised([out.stats], what="eagle drafting after capped probes")
+    probes = [r for r in read if r[0]]
+    assert len(probes) >= 3 and all(unseen > PROBE_CATCH_UP for _, unseen, _, _ in probes)
+    assert all(entries == PROBE_CATCH_UP for _, _, entries, _ in probes)  # the newest states only
+    assert all(unseen == entries for probe, unseen, entries, _ in read if not probe)  # drafting reads every state
+    assert read[-1][3] == sum(unseen - PROBE_CATCH_UP for _, unseen, _, _ in probes)  # positions never read
+
+
 VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 1500
 PROMPT = torch.tensor([[3, 1, 2, 3, 1]])
 
