@@ -389,14 +389,20 @@ def _build(compiler: str, isa_flags: list[str]) -> Path:
     source, flags = SOURCE.read_bytes(), [*FLAGS, *isa_flags]
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"
+    failed = library.with_suffix(".failed")  # a build that failed here: not retried by every process (OpenMP missing)
     if library.exists():
         return library
+    if failed.exists():
+        raise OSError(f"{failed.read_text().strip()} (as {compiler} failed before; remove {failed} to try again)")
     library.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
         result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
                                 timeout=120)
         if result.returncode != 0:
-            raise OSError(result.stderr.strip()[-500:] or f"{compiler} exited with {result.returncode}")
+            error = result.stderr.strip()[-500:] or f"{compiler} exited with {result.returncode}"
+            (Path(scratch) / failed.name).write_text(error)
+            os.replace(Path(scratch) / failed.name, failed)
+            raise OSError(error)
         os.replace(built, library)  # atomic: a process loading it meanwhile sees the whole file or none
     return library

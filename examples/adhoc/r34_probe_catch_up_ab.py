@@ -3,8 +3,8 @@ states they have not seen ("capped") against reading all of them ("all", round 3
 (untrained) EAGLE head at its defaults, against speculation off; 96 tokens without EOS, the benchmark's 4 held-out
 code prompts, greedy and sampled (T=0.7, top-p 0.9), ROUNDS rounds interleaved; per pair: tokens per second over
 speculation off's of the same round, prompt and mode; medians. Then the shipped SmolLM2 EAGLE tree at its defaults,
-greedy, capped against all ("smollm2" argument): tokens per forward, to show the cap leaves a useful head's drafting
-alone (it only touches probes).
+greedy, capped against all ("smollm2" argument), one after the other: tokens per forward and the probes made (the cap
+touches probes only; "auto" also follows timings, so tokens per forward vary a little from run to run anyway).
 Usage: PYTHONPATH=examples/adhoc python examples/adhoc/r34_probe_catch_up_ab.py ROUNDS [smollm2 N_PROMPTS]"""
 import statistics
 import sys
@@ -27,19 +27,23 @@ rounds = int(sys.argv[1])
 if len(sys.argv) > 2 and sys.argv[2] == "smollm2":
     model, tokenizer, prompts = smollm2_chat(int(sys.argv[3]), 128)
     spec = SelfSpecModel(model, heads="examples/smollm2/eagle", tokenizer=tokenizer)
-    tpf = {name: [] for name in CAPS}
+    probes, propose = [], eagle.EagleDrafter.propose
 
-    def run(name, prompt):
-        eagle.PROBE_CATCH_UP = CAPS[name]
-        out = spec.generate(prompt, max_new_tokens=128, do_sample=False)
-        return out.stats.new_tokens / out.stats.target_forwards, out.sequences
+    def counting(drafter, context):
+        if context.probe:
+            probes.append(context.hidden_states.shape[0])
+        return propose(drafter, context)
 
-    for results in interleaved(list(CAPS), prompts, rounds, run):
-        assert torch.equal(results["capped"][1], results["all"][1])
-        for name in CAPS:
-            tpf[name].append(results[name][0])
-    for name in CAPS:
-        print(f"SmolLM2 EAGLE tree, probes reading {name}: tokens per forward {statistics.mean(tpf[name]):.3f}")
+    eagle.EagleDrafter.propose = counting
+    for name, cap in CAPS.items():
+        eagle.PROBE_CATCH_UP, forwards, tokens = cap, 0, 0
+        probes.clear()
+        for _ in range(rounds):
+            for prompt in prompts:
+                stats = spec.generate(prompt, max_new_tokens=128, do_sample=False).stats
+                forwards, tokens = forwards + stats.target_forwards, tokens + stats.new_tokens
+        print(f"SmolLM2 EAGLE tree, probes reading {name}: {tokens / forwards:.3f} tokens per forward, {len(probes)} "
+              f"probes reading {sum(min(n, cap) for n in probes)} of {sum(probes)} unseen states")
     sys.exit()
 
 model, tokenizer = load_model(REFERENCE), load_tokenizer(REFERENCE)

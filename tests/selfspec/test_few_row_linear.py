@@ -12,6 +12,7 @@ import torch.nn.utils.prune as prune
 from selfspec import SelfSpecModel
 from selfspec import few_row_linear as frl
 from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
+from selfspec.verify_cost import cache_dir
 from tests.conftest import random_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
 
@@ -453,6 +454,36 @@ def test_a_failed_build_falls_back_with_its_reason(monkeypatch):
         kernel, why_not = frl._load()
         assert kernel is None and "did not build with false" in why_not
         assert frl.kernel_threads() == 1
+    finally:
+        _forget_builds()
+
+
+def test_a_failed_build_is_not_retried_by_the_next_process_until_its_marker_goes(monkeypatch, tmp_path):
+    """A machine without OpenMP (or a compiler that fails) pays the failed compile once, not in every process: the
+    failure is kept beside the libraries, with its error, and the reason says how to try again."""
+    if frl.platform.machine().lower() not in ("x86_64", "amd64") or torch.backends.cpu.get_cpu_capability() not in (
+            "AVX2", "AVX512"):
+        pytest.skip("not an x86 CPU with AVX2: the build is never tried")
+    calls = tmp_path / "calls"
+    compiler = tmp_path / "failing-cc"
+    compiler.write_text(f"#!/bin/sh\necho run >> {calls}\necho 'no such option' >&2\nexit 1\n")
+    compiler.chmod(0o755)
+    monkeypatch.setenv("CC", str(compiler))
+    markers_before = set(cache_dir().glob("kernels/*.failed"))
+    try:
+        _forget_builds()
+        assert frl._load()[0] is None
+        assert calls.read_text().count("run") == 2  # with OpenMP, then without
+        _forget_builds()  # as a new process would
+        kernel, why_not = frl._load()
+        assert kernel is None and calls.read_text().count("run") == 2  # not compiled again
+        assert "no such option" in why_not and "to try again" in why_not
+        markers = set(cache_dir().glob("kernels/*.failed")) - markers_before
+        assert len(markers) == 2
+        for marker in markers:
+            marker.unlink()
+        _forget_builds()
+        assert frl._load()[0] is None and calls.read_text().count("run") == 4  # tried again
     finally:
         _forget_builds()
 
