@@ -184,7 +184,8 @@ class SelfSpecModel:
         pause."""
         if self._verify_cost is None:
             self._verify_cost = learned_verify_cost(self.target, tree=bool(self.tree_size),
-                                                    few_row_kernel=self._kernel_route())
+                                                    few_row_kernel=self._kernel_route(),
+                                                    max_tokens=self.tree_size or MAX_DRAFT_TOKENS)
         return self._verify_cost
 
     def batch_verify_cost(self) -> LearnedVerifyCost:

@@ -32,6 +32,9 @@ OUTLIER_RATIO = 3.0
 # Timed forwards of one draft size after which its cost counts as known (`LearnedVerifyCost.knows`); the count kept is
 # capped (MAX_TIMED) so a kept file stays small and old evidence does not read as more than it is.
 KNOWN_AFTER, MAX_TIMED = 2, 100
+# A price a previous process kept for some k is evidence worth at most this many of this process's timings of that k
+# (`LearnedVerifyCost.remember`): it was timed under another load of the machine, and it ages like any residual.
+KEPT_EVIDENCE = 4.0
 # A batch's curve is indexed by the padded forward's tokens - 1 (B * (1 + w) - 1): it is kept that far, enough for
 # batch 16 at width 8 (143) with room; beyond it the fit extrapolates.
 BATCH_CURVE_SIZE = 256
@@ -89,19 +92,28 @@ class LearnedVerifyCost:
     `decode_seconds` is the decode as measured, not the fit's intercept), and it is saved so, so the next process
     starts from the measured shape.
 
+    A k that is not timed for a while is priced more and more by the fit: each timing of another k ages the residual
+    evidence of every other k by `stale_decay`. Without it a price that a slow spell had raised could stay raised for
+    good once "auto" stopped drafting that many tokens, as it was then never timed again (round 34: SmolLM2's tree
+    curve on two threads, timed while another process ran on the second core, priced 8 nodes at 3.16 decodes where
+    they cost ~1.3-1.6, and that run's default tree drafted ~3 nodes a step at 1.58 tokens per forward where a fixed
+    tree of 10 gave 2.40; trees time such counts again by chance, a chain's k only when asked for).
+
     Defaults: decay 0.98 remembers about 50 steps (the cost drifts slowly as the context grows, while single steps
-    are noisy). The ridge's weight 0.1 is a tenth of one step's evidence at one prior unit of extra cost: enough to
+    are noisy); stale_decay 0.97 halves an untimed k's evidence in about 23 timings of others (a choice, not
+    measured). The ridge's weight 0.1 is a tenth of one step's evidence at one prior unit of extra cost: enough to
     fix the shape when k never varies, small next to the spread that varied k's give (50 steps over k = 0 .. 8 weigh
     about 5), so those teach the slope with a bias of about 2 % (tests/selfspec/test_verify_cost.py).
     """
 
     def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 0.1,
                  residual_decay: float = 0.9, residual_prior: float = 0.5, size: int = MAX_DRAFT_TOKENS + 1,
-                 non_decreasing: bool = True):
+                 non_decreasing: bool = True, stale_decay: float = 0.97):
         self.start, self.path, self.size = start, path, size  # size: k = 0 .. size - 1 keep their own residuals
         self.non_decreasing = non_decreasing  # see __call__; a batch's curve is not (`learned_batch_verify_cost`)
         self.decay, self.prior_weight = decay, prior_weight
         self.residual_decay, self.residual_prior = residual_decay, residual_prior
+        self.stale_decay = stale_decay  # per timing of another k, for each k's residual evidence (1: never ages)
         # [k] decayed sums of (observed - fit) in seconds, and of their count, k < size. Seconds, not units of the fit's
         # intercept: the intercept can move far (a batch's line through totals 7 .. 23 put it near 0, round 14), and
         # old residuals in its old units then read as many times what they were.
@@ -199,6 +211,12 @@ class LearnedVerifyCost:
         k = num_draft_tokens
         if 0 <= k < self.size and self._intercept > 0:
             self._held.pop(k, None)  # the first timing here replaces what an earlier process kept
+            if self.stale_decay < 1.0:  # every other k's evidence ages (this k's is decayed next, as observed)
+                stale = self.stale_decay
+                self._residual = [value * stale for value in self._residual]
+                self._residual_weight = [weight * stale for weight in self._residual_weight]
+                self._residual[k] /= stale
+                self._residual_weight[k] /= stale
             g = self.residual_decay
             self._residual[k] = g * self._residual[k] + seconds - self._intercept * self.fit(k)
             self._residual_weight[k] = g * self._residual_weight[k] + 1.0
@@ -215,6 +233,20 @@ class LearnedVerifyCost:
         self._held.update({k: price for k, price in prices.items() if 0 < k < self.size})
         self._refresh()
 
+    def remember(self, prices: dict[int, float], counts) -> None:
+        """Prices an earlier process kept (k > 0 -> cost relative to k = 0), each taken as residual evidence worth
+        min(counts[k], KEPT_EVIDENCE) timings of its k: the curve prices each k as kept, this process's timings average
+        with it, and it ages while its k goes untimed (`stale_decay`), towards the fit."""
+        if self._intercept <= 0:
+            return  # (a kept curve with no decode time: nothing to price seconds with)
+        for k, price in prices.items():
+            if 0 < k < self.size and k < len(counts) and counts[k] > 0:
+                weight = min(float(counts[k]), KEPT_EVIDENCE)
+                residual = (price * self._raw(0) - self.fit(k)) * self._intercept  # seconds over the fit
+                self._residual[k] = residual * (weight + self.residual_prior)  # (residual() divides it back)
+                self._residual_weight[k] = weight
+        self._refresh()
+
     def snapshot(self) -> VerifyCost:
         return VerifyCost(self.relative, self.decode_seconds, tuple(self.timed))
 
@@ -226,14 +258,23 @@ class LearnedVerifyCost:
                                 "timed": self.timed})
 
 
-def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool | str = False) -> LearnedVerifyCost:
+def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool | str = False,
+                        max_tokens: int = MAX_DRAFT_TOKENS) -> LearnedVerifyCost:
     """This model's curve on this device: the one a previous process kept, else the prior; refined from here on.
     tree: the curve of tree verify forwards (a custom 4D mask, a slower attention path), kept apart from chains'.
     few_row_kernel: the forwards' few-row products run through selfspec/few_row_linear.py (cheaper: a curve apart);
-    "one row": one-row products too (`FewRowLinears.one_row`), another curve again."""
+    "one row": one-row products too (`FewRowLinears.one_row`), another curve again. max_tokens: the most tokens a
+    step verifies (a tree's node budget), each count up to it priced by its own timings, not extrapolated.
+    A kept curve is split as a batch's is (`_line_and_kept`): the line through its timed prices is what the fit
+    rescales, and each timed price is remembered as aged evidence (`LearnedVerifyCost.remember`)."""
     path = cache_dir() / "verify_cost" / f"{cost_key(target, tree, few_row_kernel)}.json"
-    start = _read_curve(path) or prior_verify_cost(target.device)
-    return LearnedVerifyCost(start, path)
+    kept = _read_curve(path)
+    if kept is None:
+        return LearnedVerifyCost(prior_verify_cost(target.device), path, size=max(max_tokens, MAX_DRAFT_TOKENS) + 1)
+    line, prices = _line_and_kept(kept)
+    curve = LearnedVerifyCost(line, path, size=max(max_tokens, MAX_DRAFT_TOKENS) + 1)
+    curve.remember(prices, kept.timed)
+    return curve
 
 
 def kept_one_row(target, measure: Callable[[], bool]) -> bool:
@@ -279,7 +320,8 @@ def batch_cost_curve(start: VerifyCost, path: Path | None = None) -> LearnedVeri
     16 of one ~1.3-1.6 now) bent the fit everywhere else when it was timed again (32 tokens' price fell 37 % against 8's
     in tests/selfspec/test_verify_cost.py, though neither had changed)."""
     line, kept = _line_and_kept(start)
-    curve = LearnedVerifyCost(line, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False)
+    curve = LearnedVerifyCost(line, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False,
+                              stale_decay=1.0)
     curve.hold(kept)
     return curve
 
