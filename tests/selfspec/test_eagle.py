@@ -119,6 +119,7 @@ def test_the_head_cache_holds_one_entry_per_committed_position():
 
     def propose(context):
         draft = original(context)
+        assert drafter._real_entries == drafter._real_length  # (no probe: every position read)
         lengths.append((drafter._real_length, drafter._cache.length, context.token_ids.shape[0],
                         draft.num_draft_tokens))
         return draft

@@ -272,7 +272,7 @@ def test_caches_hold_the_accepted_path_only(monkeypatch):
 
     def recording(context):
         draft = propose(context)
-        excess.append(drafter._cache.length - drafter._real_length)
+        excess.append(drafter._cache.length - drafter._real_entries)
         assert drafter._real_length == context.token_ids.shape[0] - 1
         return draft
 
