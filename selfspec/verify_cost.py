@@ -212,11 +212,10 @@ class LearnedVerifyCost:
         if 0 <= k < self.size and self._intercept > 0:
             self._held.pop(k, None)  # the first timing here replaces what an earlier process kept
             if self.stale_decay < 1.0:  # every other k's evidence ages (this k's is decayed next, as observed)
-                stale = self.stale_decay
-                self._residual = [value * stale for value in self._residual]
-                self._residual_weight = [weight * stale for weight in self._residual_weight]
-                self._residual[k] /= stale
-                self._residual_weight[k] /= stale
+                for other in range(self.size):
+                    if other != k:
+                        self._residual[other] *= self.stale_decay
+                        self._residual_weight[other] *= self.stale_decay
             g = self.residual_decay
             self._residual[k] = g * self._residual[k] + seconds - self._intercept * self.fit(k)
             self._residual_weight[k] = g * self._residual_weight[k] + 1.0
@@ -268,12 +267,10 @@ def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool | str =
     A kept curve is split as a batch's is (`_line_and_kept`): the line through its timed prices is what the fit
     rescales, and each timed price is remembered as aged evidence (`LearnedVerifyCost.remember`)."""
     path = cache_dir() / "verify_cost" / f"{cost_key(target, tree, few_row_kernel)}.json"
-    kept = _read_curve(path)
-    if kept is None:
-        return LearnedVerifyCost(prior_verify_cost(target.device), path, size=max(max_tokens, MAX_DRAFT_TOKENS) + 1)
-    line, prices = _line_and_kept(kept)
+    start = _read_curve(path) or prior_verify_cost(target.device)
+    line, prices = _line_and_kept(start)  # (the prior timed nothing: it is its own line, with no prices to remember)
     curve = LearnedVerifyCost(line, path, size=max(max_tokens, MAX_DRAFT_TOKENS) + 1)
-    curve.remember(prices, kept.timed)
+    curve.remember(prices, start.timed)
     return curve
 
 

@@ -85,12 +85,11 @@ def test_a_price_raised_by_noise_comes_back_when_its_k_goes_untimed():
         assert [learned(k) for k in range(5)] == pytest.approx([start(k) for k in range(5)], rel=0.05)
 
 
-def test_the_next_process_prices_each_timed_k_as_kept_and_the_rest_by_their_line(tmp_path):
+def test_the_next_process_prices_each_timed_k_as_kept_and_the_rest_by_their_line():
     """A kept curve is split: the line through its timed prices (weighted by their counts) is the fit's start, and
     each timed price is remembered as evidence worth a few timings, so the next process prices it as kept; an untimed
     k is priced by the line, not by a kept kink; and this process's timings average with the kept evidence."""
     kept = VerifyCost((1.0, 1.1, 1.2, 1.8, 1.9, 2.5, 2.6, 2.7, 2.8), 0.01, (30, 10, 10, 10, 10, 0, 0, 0, 0))
-    (tmp_path / "verify_cost").mkdir()
     target = TargetModel(tiny_model("llama", seed=1))
     path = verify_cost.cache_dir() / "verify_cost" / f"{cost_key(target)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
