@@ -1,9 +1,10 @@
 """Chat prompts for self-distillation and for held-out evaluation, written for this project (no download).
 
 Training prompts are every combination of a request template and a topic, in two sets: "topics" (explain, summarise,
-write about a subject) and "everyday" (practical how-to and advice about everyday activities and objects, written in
+write about a subject), "everyday" (practical how-to and advice about everyday activities and objects, written in
 round 6 because the first set's heads drafted markedly worse on the benchmark's everyday questions than on held-out
-replies of their own set). Evaluation prompts are the benchmark's hand-written questions, whose topics appear in no
+replies of their own set) and "questions" (round 35: requests phrased as people type them, on a third set of
+topics, for more and more varied self-distillation data). Evaluation prompts are the benchmark's hand-written questions, whose topics appear in no
 training prompt (`tests/training/test_prompts.py` checks that no
 training topic occurs in an evaluation prompt). Knows nothing about models.
 """
@@ -104,7 +105,53 @@ EVERYDAY_TOPICS = (
     "learning to drive", "email etiquette", "washing dishes", "organizing a closet", "microwave ovens",
 )
 
-PROMPT_SETS = {"topics": (TRAIN_TEMPLATES, TRAIN_TOPICS), "everyday": (EVERYDAY_TEMPLATES, EVERYDAY_TOPICS)}
+QUESTION_TEMPLATES = (
+    "Can you explain how {t} works, step by step?",
+    "What's the best way to learn about {t} quickly?",
+    "Write an upbeat radio announcement about {t}.",
+    "I keep hearing about {t}. What is it, in plain words?",
+    "Compare {t} today with how it looked when it first appeared.",
+    "Give me a simple plan for getting started with {t}.",
+    "Why do people find {t} so interesting?",
+    "What are five surprising things about {t}?",
+    "Write a four-line song chorus about {t}.",
+    "How would a teacher introduce {t} to a class?",
+    "What goes wrong most often with {t}, and how do I avoid it?",
+    "Summarize what everyone should know about {t} in one paragraph.",
+    "Describe {t} from the point of view of a curious child.",
+    "What would happen if {t} disappeared tomorrow?",
+    "Write a short speech celebrating {t}.",
+    "How do experts measure or test {t}?",
+    "Give me a numbered list of tips about {t}.",
+    "Write a short story for kids about {t}.",
+    "What are the biggest open questions about {t}?",
+    "How can I explain {t} to my grandparents?",
+    "What is one simple experiment or activity that shows how {t} works?",
+    "Write a thank-you note to the people behind {t}.",
+    "What vocabulary should I know to talk about {t}?",
+    "Is {t} worth learning about? Give me honest reasons.",
+    "Make a short study guide about {t}.",
+    "Write a dialogue between a student and a teacher about {t}.",
+    "What are the stages or parts of {t}?",
+    "How is {t} different today from a hundred years ago?",
+)
+
+QUESTION_TOPICS = (
+    "hurricanes", "lightning", "rainbows", "the northern lights", "earthworms", "octopuses", "whales", "ants",
+    "mushrooms", "bamboo", "tornadoes", "caves", "sand dunes", "waterfalls", "the human skeleton", "eyesight",
+    "hearing", "digestion", "muscles", "blood types", "memory", "habits", "negotiation", "leadership styles",
+    "first impressions", "procrastination", "kindness", "curiosity", "bridges", "skyscrapers", "canals",
+    "the postal service", "maps", "compasses", "clocks", "calendars", "coins", "taxes", "banks", "insurance",
+    "spreadsheets", "databases", "operating systems", "web browsers", "passwords", "email", "search engines",
+    "3D printing", "drones", "satellites", "telescopes", "microscopes", "magnets", "electricity", "sound waves",
+    "friction", "rust", "glass making", "paper making", "cheese making",
+)
+
+PROMPT_SETS = {
+    "topics": (TRAIN_TEMPLATES, TRAIN_TOPICS),
+    "everyday": (EVERYDAY_TEMPLATES, EVERYDAY_TOPICS),
+    "questions": (QUESTION_TEMPLATES, QUESTION_TOPICS),
+}
 
 # Held out: the benchmark's chat prompts (selfspec/bench/prompts.py); none of their topics is a training topic.
 EVAL_PROMPTS = CHAT_PROMPTS

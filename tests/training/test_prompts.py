@@ -17,8 +17,24 @@ def test_training_and_evaluation_prompts_are_disjoint_down_to_their_topics(promp
         assert not shared, f"held-out prompt {question!r} mentions training topics {shared}"
 
 
+@pytest.mark.parametrize("prompt_set", sorted(prompts.PROMPT_SETS))
+def test_no_template_opens_the_way_a_held_out_prompt_does(prompt_set):
+    # A template whose fixed opening (three words or more) begins a benchmark question would teach the heads that
+    # question's phrasing: the held-out prompts must be held out in form as well as in topic.
+    templates, _ = prompts.PROMPT_SETS[prompt_set]
+    for template in templates:
+        opening = template.split("{t}")[0]
+        if len(opening.split()) < 3:
+            continue
+        starts = [q for q in prompts.eval_prompts() if q.lower().startswith(opening.lower())]
+        assert not starts, f"template {template!r} opens as held-out {starts}"
+
+
 def test_the_sets_share_no_prompt():
-    assert not set(prompts.train_prompts(prompt_set="topics")) & set(prompts.train_prompts(prompt_set="everyday"))
+    sets = {name: set(prompts.train_prompts(prompt_set=name)) for name in prompts.PROMPT_SETS}
+    for name, train in sets.items():
+        for other, other_train in sets.items():
+            assert name == other or not train & other_train
 
 
 def test_the_order_is_a_fixed_shuffle():
