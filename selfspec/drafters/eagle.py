@@ -42,14 +42,21 @@ class EagleDrafter:
     tree_top_k: in a tree, nodes expanded per depth and children per expanded node (EAGLE-2 uses 10 on a GPU; 4
     keeps a CPU's small trees cheap to draft: round 23, SmolLM2's tree of 10 on the AMD EPYC, 3 / 4 / 6 / 8 gave
     1.87x / 2.07x / 1.92x / 1.88x of generate at 2.46 / 2.45 / 2.53 / 2.52 tokens per forward,
-    `python examples/adhoc/r23_tree_top_k_ab.py 2 3 96 4 3 6 8`; not measured on a GPU)."""
+    `python examples/adhoc/r23_tree_top_k_ab.py 2 3 96 4 3 6 8`; not measured on a GPU).
+    draft_vocab: which LM head rows project the head's features: "head" (its draft vocabulary, if it has one) or
+    "full" (the model's whole vocabulary). The head predicts features, not logits, so either works with any head;
+    the whole vocabulary drafts what a small draft vocabulary misses (SmolLM2's 8192 tokens cover ~92-96 % of the
+    next tokens of held-out replies) at ~6x the projection's cost. Round 35, SmolLM2, greedy, held-out prompts 6..15:
+    trees of 96 nodes 10 deep 3.11 tokens per forward against 2.96, trees of 10 (a CPU's) 2.32 against 2.28
+    (`examples/adhoc/r35_head_ab.py`); on a CPU the projection then costs more than it gains, so "head" is the
+    default; where verifying large trees is cheap (a GPU) "full" is the larger tree's choice (not measured there)."""
 
     # tree_size="auto" (the default) drafts trees with it where trees pay: measured on SmolLM2's EAGLE head, 1.76-1.89x
     # of generate as trees of 10 against 1.46-1.60x as chains on a CPU with the few-row kernel (rounds 21-22), and
     # 2.16x against 1.22x as trees of 47 on an H200 (round 9)
     auto_trees = True
 
-    def __init__(self, target, head, min_draft_confidence: float = 0.0, tree_top_k: int = 4):
+    def __init__(self, target, head, min_draft_confidence: float = 0.0, tree_top_k: int = 4, draft_vocab: str = "head"):
         from heads.eagle import EagleHead
 
         if head is None:
@@ -58,11 +65,14 @@ class EagleDrafter:
         head = load_extra_module(head, target.model, EagleHead, "the EAGLE head")
         check_probability("min_draft_confidence", min_draft_confidence)
         check_count("tree_top_k", tree_top_k)
+        if draft_vocab not in ("head", "full"):
+            raise ValueError("draft_vocab: 'head' (the head's draft vocabulary) or 'full' (the model's whole "
+                             f"vocabulary), got {draft_vocab!r}")
         self.tree_top_k = tree_top_k
         self.head = head.eval()
         self.min_draft_confidence = min_draft_confidence
         self.embed = target.model.get_input_embeddings()
-        self.draft_vocab = head.draft_vocab  # [N] ids or None (full vocabulary)
+        self.draft_vocab = head.draft_vocab if draft_vocab == "head" else None  # [N] ids or None (full vocabulary)
         self._cache = None
         self._real_length = 0  # positions read: the next proposal's first new state is at this position
         self._real_entries = 0  # head cache entries computed from the base's real features (<= _real_length)

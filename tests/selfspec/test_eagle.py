@@ -108,6 +108,42 @@ def test_greedy_eagle_with_a_draft_vocabulary_equals_generate():
     assert_exercised(stats, what="eagle with a draft vocabulary")
 
 
+@pytest.mark.parametrize("tree_size", [None, 6], ids=["chain", "tree-6"])
+def test_draft_vocab_full_drafts_beyond_the_heads_vocabulary_and_equals_generate(tree_size):
+    """draft_vocab="full": the same head's features projected onto every LM head row; drafts then include tokens
+    outside its draft vocabulary, and greedy output stays the model's."""
+    model = sharp(tiny_model())
+    prompts = random_prompt(8, seed=0)
+    greedy_ids = model.generate(prompts, max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
+    draft_vocab = torch.bincount(greedy_ids, minlength=96).argsort(descending=True)[:24]
+    spec = SelfSpecModel(model, heads=trained_head(model, draft_vocab=draft_vocab), tree_size=tree_size,
+                         draft_vocab="full")
+    assert spec.drafter.projected_vocab is None
+    drafted, propose = [], spec.drafter.propose
+
+    def recording(context):
+        draft = propose(context)
+        drafted.extend(draft.tokens.tolist())
+        return draft
+
+    spec.drafter.propose = recording
+    stats = []
+    for seed in range(3):
+        prompt = random_prompt(8, seed=seed)
+        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
+        assert torch.equal(out.sequences, plain)
+        stats.append(out.stats)
+    assert_exercised(stats, what="eagle over the full vocabulary")
+    assert set(drafted) - set(draft_vocab.tolist()), "every draft stayed inside the head's draft vocabulary"
+
+
+def test_draft_vocab_takes_head_or_full():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="'head'.*'full'.*got 'all'"):
+        SelfSpecModel(model, heads=EagleHead.for_model(model), draft_vocab="all")
+
+
 def test_the_head_cache_holds_one_entry_per_committed_position():
     """Rollback by length: after each proposal the head's cache holds exactly the committed positions plus the
     entries it drafted on predicted features, which the next proposal cuts before rewriting them."""
