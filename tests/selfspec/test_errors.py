@@ -129,7 +129,7 @@ def test_the_misplaced_call_arguments_are_generates_and_streams():
      "exit_layer is an option of drafter='early_exit'"),
     ("none", {"max_ngram_size": 2}, r"drafter='none' \(it takes none\)"),
     ("eagle", {"tree_topk": 2}, r"got tree_topk: not an option of drafter='eagle' \(it takes min_draft_confidence, "
-     r"tree_top_k\)$"),
+     r"tree_top_k, draft_vocab\)$"),
 ])
 def test_an_option_the_drafter_does_not_take_is_named_with_what_it_takes(model, drafter, options, says):
     heads = MedusaHeads.for_model(model) if drafter == "medusa" else None
