@@ -437,7 +437,8 @@ def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchDrafter | 
     from selfspec.drafters.early_exit import EarlyExitDrafter
 
     if isinstance(drafter, EagleDrafter):
-        batch_drafter = BatchEagleDrafter(target, drafter.head, num_rows, drafter.min_draft_confidence)
+        vocab = "head" if drafter.draft_vocab is drafter.head.draft_vocab else "full"
+        batch_drafter = BatchEagleDrafter(target, drafter.head, num_rows, drafter.min_draft_confidence, vocab)
         return [batch_drafter] * num_rows, batch_drafter
     if isinstance(drafter, EarlyExitDrafter):  # runs the first layers through the batch's cache, for all rows at once
         batch_drafter = BatchEarlyExitDrafter(target, drafter)

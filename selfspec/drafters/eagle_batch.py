@@ -27,11 +27,12 @@ class BatchEagleDrafter:
     """Drafts for the `num_rows` rows of one batch with one `EagleHead` (the batch's `EagleDrafter`'s). Row r of
     every call is row r of the head cache; `select` follows the batch when rows leave."""
 
-    def __init__(self, target, head, num_rows: int, min_draft_confidence: float = 0.0):
+    def __init__(self, target, head, num_rows: int, min_draft_confidence: float = 0.0, draft_vocab: str = "head"):
         self.target, self.head = target, head
         self.min_draft_confidence = min_draft_confidence
         self.embed = target.model.get_input_embeddings()
-        self.draft_vocab = head.draft_vocab  # [N] ids or None (full vocabulary)
+        # [N] ids or None (full vocabulary): the EagleDrafter's `draft_vocab` option, "head" or "full"
+        self.draft_vocab = head.draft_vocab if draft_vocab == "head" else None
         self.cache = RaggedCache(head, num_rows, target.device, config=head.layer_config)  # lengths: real lengths
 
     @property

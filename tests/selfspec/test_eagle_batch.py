@@ -229,3 +229,27 @@ def test_a_step_where_no_row_drafts_runs_no_head_forward(model_and_head, monkeyp
     assert_exercised(out.row_stats, what="batched eagle with steps at zero")
     for prompt, got in zip(prompts, out.sequences):
         assert torch.equal(got, spec.generate(prompt, **options).sequences[0])
+
+
+@pytest.mark.parametrize("option", ["head", "full"])
+def test_a_batch_drafts_over_the_vocabulary_its_wrapper_was_given(option, monkeypatch):
+    """draft_vocab reaches the batch's drafter (it once read the head's draft vocabulary whatever the wrapper said), and
+    every row stays its own greedy decoding."""
+    model = sharp(tiny_model("llama"))
+    vocab = torch.arange(0, 96, 3)  # 32 of 96 tokens
+    made, real_init = [], BatchEagleDrafter.__init__
+
+    def recording(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(BatchEagleDrafter, "__init__", recording)
+    spec = SelfSpecModel(model, heads=trained_head(model, draft_vocab=vocab, steps=20), draft_vocab=option)
+    prompts = [random_prompt(9, seed=1)[0], random_prompt(5, seed=2)[0]]
+    out = spec.generate(prompts, max_new_tokens=16, num_draft_tokens=2, eos_token_id=[])
+    for sequence, prompt in zip(out.sequences, prompts):
+        plain = model.generate(prompt[None], max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
+        assert torch.equal(sequence, plain)
+    assert made, "the batch never built its EAGLE drafter"
+    assert (made[-1].projected_vocab is None) == (option == "full")
+    assert_exercised(out.stats, rejected=False, what=f"a batch drafting over draft_vocab={option!r}")
