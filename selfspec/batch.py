@@ -437,8 +437,7 @@ def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchDrafter | 
     from selfspec.drafters.early_exit import EarlyExitDrafter
 
     if isinstance(drafter, EagleDrafter):
-        vocab = "head" if drafter.draft_vocab is drafter.head.draft_vocab else "full"
-        batch_drafter = BatchEagleDrafter(target, drafter.head, num_rows, drafter.min_draft_confidence, vocab)
+        batch_drafter = BatchEagleDrafter(target, drafter, num_rows)
         return [batch_drafter] * num_rows, batch_drafter
     if isinstance(drafter, EarlyExitDrafter):  # runs the first layers through the batch's cache, for all rows at once
         batch_drafter = BatchEarlyExitDrafter(target, drafter)

@@ -21,19 +21,19 @@ from torch.nn.utils.rnn import pad_sequence
 
 from selfspec.batch_cache import RaggedCache
 from selfspec.drafters.base import Draft, DraftContext, confident_rows, draw_rows
+from selfspec.drafters.eagle import EagleDrafter
 
 
 class BatchEagleDrafter:
-    """Drafts for the `num_rows` rows of one batch with one `EagleHead` (the batch's `EagleDrafter`'s). Row r of
-    every call is row r of the head cache; `select` follows the batch when rows leave."""
+    """Drafts for the `num_rows` rows of one batch with the batch's `EagleDrafter` (its head, confidence floor and
+    draft vocabulary). Row r of every call is row r of the head cache; `select` follows the batch when rows leave."""
 
-    def __init__(self, target, head, num_rows: int, min_draft_confidence: float = 0.0, draft_vocab: str = "head"):
-        self.target, self.head = target, head
-        self.min_draft_confidence = min_draft_confidence
+    def __init__(self, target, drafter: EagleDrafter, num_rows: int):
+        self.target, self.head = target, drafter.head
+        self.min_draft_confidence = drafter.min_draft_confidence
         self.embed = target.model.get_input_embeddings()
-        # [N] ids or None (full vocabulary): the EagleDrafter's `draft_vocab` option, "head" or "full"
-        self.draft_vocab = head.draft_vocab if draft_vocab == "head" else None
-        self.cache = RaggedCache(head, num_rows, target.device, config=head.layer_config)  # lengths: real lengths
+        self.draft_vocab = drafter.draft_vocab  # [N] ids or None (full vocabulary)
+        self.cache = RaggedCache(self.head, num_rows, target.device, config=self.head.layer_config)  # real lengths
 
     @property
     def extra_modules(self) -> tuple:

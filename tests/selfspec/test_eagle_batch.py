@@ -65,7 +65,7 @@ def drive(model, head, sampling, num_steps, draft_length, leave=None, min_draft_
     target, leave = TargetModel(model), leave or {}
     prompts = prompts_of_different_lengths()
     alone = [EagleDrafter(target, head, min_draft_confidence) for _ in prompts]
-    batched = BatchEagleDrafter(target, head, len(prompts), min_draft_confidence)
+    batched = BatchEagleDrafter(target, EagleDrafter(target, head, min_draft_confidence), len(prompts))
     rows = []
     for index, prompt in enumerate(prompts):
         cache = target.new_cache()
@@ -233,8 +233,8 @@ def test_a_step_where_no_row_drafts_runs_no_head_forward(model_and_head, monkeyp
 
 @pytest.mark.parametrize("option", ["head", "full"])
 def test_a_batch_drafts_over_the_vocabulary_its_wrapper_was_given(option, monkeypatch):
-    """draft_vocab reaches the batch's drafter (it once read the head's draft vocabulary whatever the wrapper said), and
-    every row stays its own greedy decoding."""
+    """draft_vocab reaches the batch's drafter (it once read the head's draft vocabulary whatever the wrapper said; it
+    now takes the wrapper's EagleDrafter), and every row stays its own greedy decoding."""
     model = sharp(tiny_model("llama"))
     vocab = torch.arange(0, 96, 3)  # 32 of 96 tokens
     made, real_init = [], BatchEagleDrafter.__init__
