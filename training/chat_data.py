@@ -50,7 +50,8 @@ _HELP = {
     "threads": "0 = every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)",
     "seed": "0: the prompts' shuffled order and the sampled batches",
     "first_prompt": "0: skip this many prompts of the shuffled order (to extend a dataset with new prompts)",
-    "prompt_set": "topics: training/prompts.py's set of prompts (topics; everyday: practical how-to and advice; questions: requests as people type them)",
+    "prompt_set": "topics: training/prompts.py's set of prompts (topics; everyday: practical how-to and advice; "
+                  "questions: requests as people type them)",
 }
 
 

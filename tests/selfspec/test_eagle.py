@@ -91,13 +91,16 @@ def test_greedy_with_a_published_eagle1_head_equals_generate(tmp_path):
     assert_exercised(stats, what="published EAGLE-1 head")
 
 
-def test_greedy_eagle_with_a_draft_vocabulary_equals_generate():
-    """Drafts only from 24 of 96 tokens: the target's argmax outside them is simply a rejection."""
-    model = sharp(tiny_model())
+def frequent_tokens(model, size=24) -> torch.Tensor:
+    """[size] ids: the tokens the model's own greedy continuation of a random prompt uses most (a draft vocabulary)."""
     prompts = random_prompt(8, seed=0)
     greedy_ids = model.generate(prompts, max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
-    draft_vocab = torch.bincount(greedy_ids, minlength=96).argsort(descending=True)[:24]
-    spec = SelfSpecModel(model, heads=trained_head(model, draft_vocab=draft_vocab))
+    return torch.bincount(greedy_ids, minlength=96).argsort(descending=True)[:size]
+
+
+def assert_greedy_equals_generate(model, spec, what: str) -> None:
+    """Three random prompts, 40 tokens each, 3 drafts a step: spec's greedy output is the model's, with drafts
+    proposed, some accepted and some rejected."""
     stats = []
     for seed in range(3):
         prompt = random_prompt(8, seed=seed)
@@ -105,7 +108,15 @@ def test_greedy_eagle_with_a_draft_vocabulary_equals_generate():
         out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
         assert torch.equal(out.sequences, plain)
         stats.append(out.stats)
-    assert_exercised(stats, what="eagle with a draft vocabulary")
+    assert_exercised(stats, what=what)
+
+
+def test_greedy_eagle_with_a_draft_vocabulary_equals_generate():
+    """Drafts only from 24 of 96 tokens: the target's argmax outside them is simply a rejection."""
+    model = sharp(tiny_model())
+    draft_vocab = frequent_tokens(model)
+    spec = SelfSpecModel(model, heads=trained_head(model, draft_vocab=draft_vocab))
+    assert_greedy_equals_generate(model, spec, "eagle with a draft vocabulary")
 
 
 @pytest.mark.parametrize("tree_size", [None, 6], ids=["chain", "tree-6"])
@@ -113,9 +124,7 @@ def test_draft_vocab_full_drafts_beyond_the_heads_vocabulary_and_equals_generate
     """draft_vocab="full": the same head's features projected onto every LM head row; drafts then include tokens
     outside its draft vocabulary, and greedy output stays the model's."""
     model = sharp(tiny_model())
-    prompts = random_prompt(8, seed=0)
-    greedy_ids = model.generate(prompts, max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=0)[0]
-    draft_vocab = torch.bincount(greedy_ids, minlength=96).argsort(descending=True)[:24]
+    draft_vocab = frequent_tokens(model)
     spec = SelfSpecModel(model, heads=trained_head(model, draft_vocab=draft_vocab), tree_size=tree_size,
                          draft_vocab="full")
     assert spec.drafter.projected_vocab is None
@@ -127,14 +136,7 @@ def test_draft_vocab_full_drafts_beyond_the_heads_vocabulary_and_equals_generate
         return draft
 
     spec.drafter.propose = recording
-    stats = []
-    for seed in range(3):
-        prompt = random_prompt(8, seed=seed)
-        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
-        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
-        assert torch.equal(out.sequences, plain)
-        stats.append(out.stats)
-    assert_exercised(stats, what="eagle over the full vocabulary")
+    assert_greedy_equals_generate(model, spec, "eagle over the full vocabulary")
     assert set(drafted) - set(draft_vocab.tolist()), "every draft stayed inside the head's draft vocabulary"
 
 
