@@ -5,8 +5,9 @@ against the frozen base's own distribution, restricted to the draft vocabulary w
 here. With h_t the base's post-norm hidden state at position t (it predicts token t+1):
 - Medusa head k (0-based) reads h_t and guesses token t+2+k: the base's distribution from h_{t+1+k};
 - the EAGLE head reads (h_t, token t+1) and predicts the feature h_{t+1} (regression) and, through the LM head, the
-  base's distribution from h_{t+1}; passes 2.. feed it its own predicted features instead of h_t (as at inference,
-  where every draft after the first reads a predicted feature), so later draft positions are trained as they run;
+  base's distribution from h_{t+1}; passes 2.. feed it its own predicted features instead of h_t and let it attend
+  to real entries up to the chain's start and the chain's own after it (as at inference, where every draft after the
+  first reads a predicted feature), so later draft positions are trained as they run;
 - an exit adapter reads the first L layers' output at t and guesses token t+1 like the full model.
 Knows the head modules and `TargetModel`; nothing about files, optimizers or devices.
 """
@@ -157,6 +158,18 @@ class MedusaRecipe:
         return summary
 
 
+def chain_mask(length: int, depth: int, dtype, device) -> torch.Tensor:
+    """[1, 1, L, (depth + 1) * L] additive mask of EAGLE training pass `depth` over a head cache holding passes
+    0..depth's entries (L each, in pass order): row t attends to pass 0's entries at positions <= t - depth and to
+    pass i's entry at t - depth + i (i = 1..depth; its own at i = depth), the keys the drafter's draft depth+1 reads."""
+    rows = torch.arange(length, device=device)[:, None]
+    columns = torch.arange(length, device=device)[None]
+    blocks = [columns <= rows - depth] + [columns == rows - depth + i for i in range(1, depth + 1)]
+    attended = torch.cat(blocks, dim=1)
+    mask = torch.zeros(attended.shape, dtype=dtype, device=device).masked_fill_(~attended, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
 @dataclass(frozen=True)
 class EagleRecipe:
     num_layers: int = 1
@@ -177,16 +190,24 @@ class EagleRecipe:
         return EagleHead.from_pretrained(directory, model=model)
 
     def _passes(self, head, batch: Batch, teacher: Teacher):
-        """Yields (pass index, predicted features [B, L-1, H] for positions 1..L-1, mask [B, L-1])."""
+        """Yields (pass index j, predicted features [B, L-1, H] for positions 1..L-1, mask [B, L-1]).
+
+        Pass j (0-based) at row t is draft j+1 of a chain whose last real feature is h_{t-j}, computed as the drafter
+        computes it (training-time test, as EAGLE-3 / HASS): it reads pass j-1's prediction for position t, and
+        attends to the real entries (pass 0's) at positions <= t-j and to its chain's own entries, pass i's at t-j+i
+        for i = 1..j, kept in one head cache across the passes (`chain_mask`). A row whose chain would start before
+        the window, or cross into another record, is masked out."""
         B, L, _ = batch.features.shape
         with torch.no_grad():
             next_embeddings = teacher.embed(batch.next_ids).to(batch.features.dtype)
         positions = torch.arange(L, device=batch.features.device)[None].expand(B, L)
-        mask = batch.same_record(1) & batch.trained[:, 1:]
-        features = batch.features
+        cache = head.new_cache()
+        features, trained = batch.features, batch.trained[:, 1:]
         for j in range(self.passes):
-            predicted = head(features, next_embeddings, positions)  # [B, L, H]: row t predicts h_{t+1}
-            yield j, predicted[:, :-1], mask
+            mask = chain_mask(L, j, batch.features.dtype, batch.features.device).expand(B, -1, -1, -1)
+            predicted = head(features, next_embeddings, positions, cache, attention_mask=mask)  # [B, L, H]
+            chained = torch.cat([torch.zeros_like(trained[:, :j]), batch.same_record(j + 1)], dim=1)  # rows t-j..t+1
+            yield j, predicted[:, :-1], chained & trained
             features = torch.cat([batch.features[:, :1], predicted[:, :-1]], dim=1)
 
     def loss(self, head, batch, teacher):

@@ -3,7 +3,8 @@ forward (greedy, a fixed depth per variant: deterministic, so one pass per head 
 head trained this round on more self-distillation data against the shipped one. Each variant `N:D:K` is a tree of N
 nodes, D levels deep every step, `tree_top_k` K (as `r34_tree_ceiling.py`); `chain:D` a chain of D drafts; a variant
 prefixed `s` (`s10:6:4`) samples at T=0.7, top-p 0.9 instead, with seeds 0..SEEDS-1 per prompt (SEEDS: the
-environment variable, 3 unless set; sampled tokens are not compared with `generate`'s).
+environment variable, 3 unless set; sampled tokens are not compared with `generate`'s). DEPTHS (3 unless set): how
+many depths' "reached" fractions to print in parentheses (the share of steps that accepted at least 1, 2, ... drafts).
 A head written `DIR@full` is that head drafting over the model's whole vocabulary instead of its draft vocabulary
 (the head predicts features; the draft vocabulary only picks which LM head rows project them).
 The prompts are the benchmark's held-out chat questions FIRST..LAST-1 (the benchmark and the ceiling script measure
@@ -68,7 +69,7 @@ for variant in variants:
         forwards = sum(r.stats.target_forwards for r in runs)
         steps = forwards - len(runs)
         reached = [sum(r.stats.accepted_by_position[i] if i < len(r.stats.accepted_by_position) else 0 for r in runs)
-                   for i in range(3)]
+                   for i in range(int(os.environ.get("DEPTHS", "3")))]
         by_depth = " ".join(f"{a / steps:.2f}" for a in reached)
         line.append(f"{name} {tokens / forwards:.3f} ({by_depth}; {checked})")
     print(f"{variant:9s} tokens/forward  " + "   ".join(line), flush=True)

@@ -152,7 +152,10 @@ def test_eagle_training_passes_feed_the_predicted_features_back():
     seen = []
 
     class Recorder(torch.nn.Module):
-        def forward(self, features, next_embeddings, positions):
+        def new_cache(self):
+            return None
+
+        def forward(self, features, next_embeddings, positions, cache=None, attention_mask=None):
             seen.append(features.clone())
             return features + 1.0
 
@@ -164,6 +167,47 @@ def test_eagle_training_passes_feed_the_predicted_features_back():
     torch.testing.assert_close(seen[0], batch.features)
     torch.testing.assert_close(seen[1][:, 0], batch.features[:, 0])
     torch.testing.assert_close(seen[1][:, 1:], batch.features[:, :-1] + 1.0)
+
+
+def test_eagle_training_pass_j_computes_draft_j_plus_1_as_the_drafter_does():
+    """Pass j's prediction at row t equals what the drafter computes for draft j+1 of a chain whose last real
+    feature is h_{t-j}: the head reads the real features up to t-j into its cache, then runs on its own predictions
+    (attending to the real entries and to the chain's own, never to predictions made from other chains' starts)."""
+    from heads.eagle import EagleHead
+
+    model = tiny_model()  # float64
+    head = EagleHead.for_model(model).eval()
+    torch.manual_seed(1)
+    with torch.no_grad():  # away from the identity start, so every input and attended entry changes the output
+        for parameter in head.parameters():
+            parameter.add_(0.3 * torch.randn_like(parameter))
+    length, hidden = 12, model.config.hidden_size
+    embed = model.get_input_embeddings()
+    batch = Batch(torch.randn(1, length, hidden, dtype=torch.float64), random_prompt(length, seed=3),
+                  torch.zeros(1, length, dtype=torch.long), torch.ones(1, length, dtype=torch.bool))
+
+    class Teacher_:
+        pass
+
+    teacher = Teacher_()
+    teacher.embed = embed
+    passes = 3
+    checked = 0
+    with torch.no_grad():
+        for j, predicted, mask in EagleRecipe(passes=passes)._passes(head, batch, teacher):
+            assert mask[0].tolist() == [t >= j for t in range(length - 1)]  # a chain needs j real rows before it
+            for t in range(j, length - 1):
+                start = t - j  # the chain's last real feature
+                cache = head.new_cache()
+                positions = torch.arange(start + 1)[None]
+                feature = head(batch.features[:, : start + 1], embed(batch.next_ids[:, : start + 1]), positions,
+                               cache)[:, -1:]
+                for i in range(1, j + 1):
+                    position = torch.tensor([[start + i]])
+                    feature = head(feature, embed(batch.next_ids[:, start + i : start + i + 1]), position, cache)
+                torch.testing.assert_close(predicted[:, t], feature[:, 0])
+                checked += 1
+    assert checked == sum(length - 1 - j for j in range(passes))
 
 
 def test_data_forms_split_and_errors(tmp_path):
