@@ -16,7 +16,8 @@ held-out prompts, `python examples/adhoc/r19_grouped_kv_ab.py 3 3 96 10`): the c
 a tree of 10 nodes 1.64x -> 1.75x, every run identical to `generate`. Every other call goes to the function it replaced.
 
 Both apply per resumption of the engine's decode generators, so the caller's code between two steps runs under its
-own settings and its own attention functions.
+own settings and its own attention functions. `additive_mask` gives every custom 4D mask (a tree's, a batch's, the
+EAGLE head's) the form both attention paths take.
 """
 from __future__ import annotations
 
@@ -33,6 +34,14 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 # Every backend but cuDNN's (and ERROR, which is not one).
 _ALLOWED = [b for name, b in SDPBackend.__members__.items() if name not in ("CUDNN_ATTENTION", "ERROR")]
 _KERNEL_TAKES_GROUPS = Version(torch.__version__.split("+")[0]) >= Version("2.5")  # (enable_gqa came in 2.5)
+
+
+def additive_mask(attended: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask (True = attended) -> the additive mask a custom 4D `attention_mask` is: 0 where attended,
+    finfo(dtype).min elsewhere, in the model's dtype since eager attention adds it to the scores (sdpa takes the same).
+    On `attended`'s device and of its shape."""
+    mask = torch.zeros(attended.shape, dtype=dtype, device=attended.device)
+    return mask.masked_fill_(~attended, torch.finfo(dtype).min)
 
 
 def engine_attention(steps: Iterator, device) -> Iterator:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from selfspec.attention_backends import additive_mask
 from selfspec.cache_layer import FULL_ATTENTION_LAYERS, append_in_place
 
 
@@ -53,9 +54,7 @@ class RaggedCache:
         committed = columns[None, None, :] < self.lengths[:, None, None]  # [B, 1, columns]
         own_block = (columns[None, :] >= width) & (columns[None, :] - width <= queries[:, None])  # [n, columns]
         attended = committed | own_block[None]  # [B, n, columns]
-        mask = torch.zeros(attended.shape, dtype=dtype, device=device)
-        mask.masked_fill_(~attended, torch.finfo(dtype).min)
-        return mask[:, None]
+        return additive_mask(attended, dtype)[:, None]
 
     def commit(self, kept: torch.Tensor) -> None:
         """After a forward appended a block: keep each row's first kept[r] block entries ([B] long), moved to follow

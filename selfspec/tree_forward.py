@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from selfspec.attention_backends import additive_mask
 from selfspec.cache import KVCache
 from selfspec.cache_layer import FULL_ATTENTION_LAYERS
 from selfspec.verify_cost import prior_verify_cost
@@ -27,9 +28,7 @@ def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, d
     rows = tree.num_nodes + 1
     attended = torch.ones(rows, past_length + rows, dtype=torch.bool, device=device)
     attended[:, past_length:] = tree.ancestor_mask().to(device)
-    mask = torch.zeros(attended.shape, dtype=dtype, device=device)
-    mask.masked_fill_(~attended, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(attended, dtype)[None, None]
 
 
 def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCache) -> torch.Tensor:

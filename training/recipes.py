@@ -19,6 +19,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from selfspec.attention_backends import additive_mask
 from training.features import Batch
 
 
@@ -165,9 +166,7 @@ def chain_mask(length: int, depth: int, dtype, device) -> torch.Tensor:
     rows = torch.arange(length, device=device)[:, None]
     columns = torch.arange(length, device=device)[None]
     blocks = [columns <= rows - depth] + [columns == rows - depth + i for i in range(1, depth + 1)]
-    attended = torch.cat(blocks, dim=1)
-    mask = torch.zeros(attended.shape, dtype=dtype, device=device).masked_fill_(~attended, torch.finfo(dtype).min)
-    return mask[None, None]
+    return additive_mask(torch.cat(blocks, dim=1), dtype)[None, None]
 
 
 @dataclass(frozen=True)

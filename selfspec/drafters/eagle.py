@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from selfspec.attention_backends import additive_mask
 from selfspec.cache import KVCache
 from selfspec.drafters.base import (
     Draft, DraftContext, check_count, check_probability, draw_draft, load_extra_module, projection_weights,
@@ -176,9 +177,7 @@ class EagleDrafter:
         attended[:, : self._real_entries] = True
         for i, slots in enumerate(ancestor_slots):
             attended[i, slots + [slots_before + i]] = True
-        mask = torch.zeros(attended.shape, dtype=dtype)
-        mask.masked_fill_(~attended, torch.finfo(dtype).min)
-        return mask[None, None].to(device)
+        return additive_mask(attended, dtype)[None, None].to(device)
 
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass
