@@ -37,27 +37,53 @@ from selfspec.sampling import top_probability
 PROBE_CATCH_UP = 16
 
 
+def resolve_draft_vocab(draft_vocab: str, device) -> str:
+    """The `draft_vocab` option -> "head" or "full": "auto" is the head's own on a CPU (where projecting onto the whole
+    vocabulary costs more than it gains), the whole vocabulary on an accelerator (a few rows' projection)."""
+    if draft_vocab not in ("head", "full", "auto"):
+        raise ValueError("draft_vocab: 'head' (the head's draft vocabulary), 'full' (the model's whole vocabulary) "
+                         f"or 'auto' ('head' on a CPU, 'full' elsewhere), got {draft_vocab!r}")
+    if draft_vocab == "auto":
+        return "head" if torch.device(device).type == "cpu" else "full"
+    return draft_vocab
+
+
+def auto_top_k(tree_size: int) -> int:
+    """tree_top_k="auto": 4 up to 16 nodes, then a quarter of the node budget, at most 20 (47 -> 12, 128 -> 20).
+
+    A CPU's trees of 10: round 23, SmolLM2 on the AMD EPYC, top-k 3 / 4 / 6 / 8 gave 1.87x / 2.07x / 1.92x / 1.88x of
+    generate at 2.46 / 2.45 / 2.53 / 2.52 tokens per forward (`examples/adhoc/r23_tree_top_k_ab.py 2 3 96 4 3 6 8`):
+    wider costs more drafting than it gains. Larger trees, by tokens per forward (round 37: greedy, SmolLM2's head over
+    the whole vocabulary, held-out prompts 6..15, `examples/adhoc/r35_head_ab.py`, logs `r37_gpu_tree.log` and
+    `r37_top_k.log`): 47 nodes 8 deep (a GPU's "auto") at top-k 4 / 6 / 8 / 12 / 16: 2.67 / 2.83 / 2.84 / 2.86 / 2.86;
+    128 nodes 12 deep at 12 / 20: 3.17 / 3.25. A top-k of 4 leaves a large tree too narrow near the root (47 nodes:
+    the first draft matched in 0.69 of the steps against 0.81 at 12). The wider levels cost a few more rows per head
+    forward, nearly nothing where such trees are verified (an accelerator; not timed there)."""
+    return 4 if tree_size <= 16 else min(20, round(tree_size / 4))
+
+
 class EagleDrafter:
     """head: an `EagleHead` or its directory. min_draft_confidence: stop drafting when the draft distribution's top
     probability falls below this (0 = never); in a tree, a node whose distribution is that unsure gets no children.
-    tree_top_k: in a tree, nodes expanded per depth and children per expanded node (EAGLE-2 uses 10 on a GPU; 4
-    keeps a CPU's small trees cheap to draft: round 23, SmolLM2's tree of 10 on the AMD EPYC, 3 / 4 / 6 / 8 gave
-    1.87x / 2.07x / 1.92x / 1.88x of generate at 2.46 / 2.45 / 2.53 / 2.52 tokens per forward,
-    `python examples/adhoc/r23_tree_top_k_ab.py 2 3 96 4 3 6 8`; not measured on a GPU).
-    draft_vocab: which LM head rows project the head's features: "head" (its draft vocabulary, if it has one) or
-    "full" (the model's whole vocabulary). The head predicts features, not logits, so either works with any head;
-    the whole vocabulary drafts what a small draft vocabulary misses (SmolLM2's 8192 tokens cover ~92-96 % of the
-    next tokens of held-out replies) at ~6x the projection's cost. Round 35, SmolLM2, greedy, held-out prompts 6..15:
-    trees of 96 nodes 10 deep 3.11 tokens per forward against 2.96, trees of 10 (a CPU's) 2.32 against 2.28
-    (`examples/adhoc/r35_head_ab.py`); on a CPU the projection then costs more than it gains, so "head" is the
-    default; where verifying large trees is cheap (a GPU) "full" is the larger tree's choice (not measured there)."""
+    tree_top_k: in a tree, nodes expanded per depth and children per expanded node; "auto" (default): `auto_top_k`
+    of the tree's node budget (4 for a CPU's trees of 10, N / 4 up to 20 for larger ones).
+    draft_vocab: which LM head rows project the head's features: "head" (its draft vocabulary, if it has one),
+    "full" (the model's whole vocabulary) or "auto" (default: "head" on a CPU, "full" elsewhere). The head predicts
+    features, not logits, so either works with any head; the whole vocabulary drafts what a small draft vocabulary
+    misses (SmolLM2's 8192 tokens cover ~92-96 % of the next tokens of held-out replies) at ~6x the projection's
+    cost. Round 35, SmolLM2, greedy, held-out prompts 6..15: trees of 96 nodes 10 deep 3.11 tokens per forward
+    against 2.96, trees of 10 (a CPU's) 2.32 against 2.28; round 37, trees of 47 (a GPU's "auto") 8 deep: 2.84
+    against 2.72 at top-k 8, 2.67 against 2.61 at top-k 4 (`examples/adhoc/r35_head_ab.py`). On a CPU the projection
+    costs more than it gains, so "auto" keeps the head's; on an accelerator a few rows' projection is nearly free
+    (chosen from tokens per forward; wall time not measured on a GPU)."""
 
     # tree_size="auto" (the default) drafts trees with it where trees pay: measured on SmolLM2's EAGLE head, 1.76-1.89x
     # of generate as trees of 10 against 1.46-1.60x as chains on a CPU with the few-row kernel (rounds 21-22), and
     # 2.16x against 1.22x as trees of 47 on an H200 (round 9)
     auto_trees = True
 
-    def __init__(self, target, head, min_draft_confidence: float = 0.0, tree_top_k: int = 4, draft_vocab: str = "head"):
+    def __init__(self, target, head, min_draft_confidence: float = 0.0, tree_top_k: int | str = "auto",
+                 draft_vocab: str = "auto"):
         from heads.eagle import EagleHead
 
         if head is None:
@@ -65,10 +91,9 @@ class EagleDrafter:
                              "`python -m training.heads --kind eagle`")
         head = load_extra_module(head, target.model, EagleHead, "the EAGLE head")
         check_probability("min_draft_confidence", min_draft_confidence)
-        check_count("tree_top_k", tree_top_k)
-        if draft_vocab not in ("head", "full"):
-            raise ValueError("draft_vocab: 'head' (the head's draft vocabulary) or 'full' (the model's whole "
-                             f"vocabulary), got {draft_vocab!r}")
+        if tree_top_k != "auto":
+            check_count('tree_top_k ("auto" or a count)', tree_top_k)
+        draft_vocab = resolve_draft_vocab(draft_vocab, target.device)
         self.tree_top_k = tree_top_k
         self.head = head.eval()
         self.min_draft_confidence = min_draft_confidence
@@ -127,15 +152,20 @@ class EagleDrafter:
             return Draft.empty(context.token_ids.device)
         return Draft(torch.cat(tokens), torch.cat(draft_probs) if draft_probs else None)
 
+    def top_k(self, tree_size: int) -> int:
+        """Nodes expanded per level and children per expanded node in a tree of `tree_size` nodes."""
+        return auto_top_k(tree_size) if self.tree_top_k == "auto" else self.tree_top_k
+
     def max_tree_nodes(self, depth: int, tree_size: int) -> int:
         """The most nodes a tree of at most `depth` levels holds: k children of the root, then k children of each of
         the k nodes expanded per level, the best N of them."""
-        return min(tree_size, self.tree_top_k + max(depth - 1, 0) * self.tree_top_k ** 2) if depth > 0 else 0
+        k = self.top_k(tree_size)
+        return min(tree_size, k + max(depth - 1, 0) * k ** 2) if depth > 0 else 0
 
     def _draft_tree(self, feature: torch.Tensor, context: DraftContext) -> Draft:
         """feature [1, hidden] of the pending token's position -> the tree of the `context.tree_size` most probable
         nodes, at most `context.num_draft_tokens` deep."""
-        width, device = self.tree_top_k, feature.device
+        width, device = self.top_k(context.tree_size), feature.device
         least = score_floor(context.min_node_probability)  # a kept node scores above this
         pending_position = context.token_ids.shape[0] - 1
         candidates = TreeCandidates(device)

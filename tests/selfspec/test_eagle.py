@@ -140,10 +140,25 @@ def test_draft_vocab_full_drafts_beyond_the_heads_vocabulary_and_equals_generate
     assert set(drafted) - set(draft_vocab.tolist()), "every draft stayed inside the head's draft vocabulary"
 
 
-def test_draft_vocab_takes_head_or_full():
+def test_draft_vocab_takes_head_full_or_auto():
     model = tiny_model()
-    with pytest.raises(ValueError, match="'head'.*'full'.*got 'all'"):
+    with pytest.raises(ValueError, match="'head'.*'full'.*'auto'.*got 'all'"):
         SelfSpecModel(model, heads=EagleHead.for_model(model), draft_vocab="all")
+
+
+def test_draft_vocab_auto_keeps_the_heads_on_a_cpu_and_projects_onto_every_token_elsewhere():
+    """The default, "auto": on a CPU the head's draft vocabulary (the whole vocabulary's projection costs more than it
+    gains there), on an accelerator the whole vocabulary (a few rows' projection, more tokens per forward). Catches
+    (planted): "auto" read as "full" everywhere; the device ignored."""
+    from selfspec.drafters.eagle import resolve_draft_vocab
+
+    model = tiny_model()
+    draft_vocab = frequent_tokens(model)
+    spec = SelfSpecModel(model, heads=EagleHead.for_model(model, draft_vocab=draft_vocab))
+    assert torch.equal(spec.drafter.projected_vocab, draft_vocab)
+    assert resolve_draft_vocab("auto", torch.device("cpu")) == "head"
+    assert resolve_draft_vocab("auto", torch.device("cuda", 0)) == "full"
+    assert resolve_draft_vocab("head", "cuda") == "head" and resolve_draft_vocab("full", "cpu") == "full"
 
 
 def test_the_head_cache_holds_one_entry_per_committed_position():

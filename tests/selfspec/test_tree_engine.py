@@ -99,9 +99,35 @@ def test_eagle_tree_children_are_the_top_tokens_of_their_path():
     """The head's tree forward (4D mask, positions by depth) gives each node the feature a chain along its path would:
     recomputed one token at a time on a fresh head cache, each node's children are the top tokens, in order."""
     model = sharp(tiny_model())
-    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=30)  # most of the 4 + 16 + 16 candidates
+    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=30, tree_top_k=4)  # most of 4 + 16 + 16
     with torch.no_grad():
         check_children_along_paths(spec)
+
+
+@pytest.mark.parametrize("tree_size, tree_top_k, width", [(10, "auto", 4), (30, "auto", 8), (30, 3, 3)])
+def test_eagle_tree_top_k_auto_widens_with_the_node_budget(tree_size, tree_top_k, width):
+    """tree_top_k="auto" (the default): 4 for a CPU's small trees, N / 4 (at most 20) for larger ones (`auto_top_k`); a
+    count given is kept. The tree's first level holds exactly that many children of the root, and its depth-2 level
+    that many children under each of that many parents. Catches (planted): "auto" fixed at 4; a count given ignored."""
+    from selfspec.drafters.eagle import auto_top_k
+
+    assert [auto_top_k(n) for n in (1, 10, 16, 17, 47, 128, 256)] == [4, 4, 4, 4, 12, 20, 20]
+    model = sharp(tiny_model())
+    spec = SelfSpecModel(model, heads=trained_head(model), tree_size=tree_size, tree_top_k=tree_top_k)
+    assert spec.drafter.top_k(tree_size) == width
+    with torch.no_grad():
+        first = spec.drafter.propose(first_tree_context(spec, seed=2, num_draft_tokens=1)).tree()
+        assert first.num_nodes == width == len(first.children[0])
+        tree = spec.drafter.propose(first_tree_context(spec, seed=2, num_draft_tokens=2)).tree()
+    parents = [row for row in range(1, tree.num_nodes + 1) if tree.children[row]]
+    assert tree.num_nodes == min(tree_size, width + width * width)
+    assert len(parents) <= width and all(len(tree.children[row]) <= width for row in parents)
+
+
+def test_eagle_tree_top_k_refuses_what_is_not_auto_or_a_count():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r'tree_top_k \("auto" or a count\) must be an integer >= 1, got \'wide\''):
+        SelfSpecModel(model, heads=trained_head(model, steps=1), tree_size=10, tree_top_k="wide")
 
 
 def first_tree_context(spec, seed: int, num_draft_tokens: int) -> DraftContext:
@@ -126,7 +152,8 @@ def check_children_along_paths(spec):
             feature = chain_feature(drafter, hidden, tokens, tree.tokens[tree.path_to(row - 1)])
             ranked = target.logits(feature).argsort(descending=True).tolist()
             got = tree.tokens[list(children)].tolist()
-            assert got == [t for t in ranked if t in got] and set(got) <= set(ranked[: drafter.tree_top_k]), row
+            width = drafter.top_k(spec.tree_size)
+            assert got == [t for t in ranked if t in got] and set(got) <= set(ranked[:width]), row
 
 
 def test_eagle_trees_skip_only_nodes_that_could_not_be_kept(monkeypatch):
@@ -284,7 +311,7 @@ def test_caches_hold_the_accepted_path_only(monkeypatch):
     assert len(spy.steps) > 20
     per_token = 2 * 2 * 2 * 8 * 4  # layers * (keys, values) * KV heads * head dim * float32 bytes
     assert stats.peak_cache_bytes <= (8 + 150 - 1 + 10 + 1 + SPARE_COLUMNS) * per_token  # + one tree's slack
-    width = drafter.tree_top_k
+    width = drafter.top_k(spec.tree_size)
     assert 0 < max(excess) <= width * 3  # depths 1..3 expanded, `width` nodes each: cut by the next proposal
 
 
