@@ -43,7 +43,8 @@ def head_of(name: str):
 
 
 names = "ABCDEFGH"[:len(heads)]
-print(f"prompts {first}..{last - 1} x {max_new} tokens, greedy; heads " +
+mode = "greedy" if not any(v.startswith("s") for v in variants) else "greedy (s-variants sampled)"
+print(f"prompts {first}..{last - 1} x {max_new} tokens, {mode}; heads " +
       " ".join(f"{name}={head}" for name, head in zip(names, heads)), flush=True)
 seeds = range(int(os.environ.get("SEEDS", "3")))
 for variant in variants:
