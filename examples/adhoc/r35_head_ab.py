@@ -43,7 +43,7 @@ def head_of(name: str):
 
 
 names = "ABCDEFGH"[:len(heads)]
-mode = "greedy" if not any(v.startswith("s") for v in variants) else "greedy (s-variants sampled)"
+mode = " and ".join(sorted({"sampled (T=0.7, top-p 0.9)" if v.startswith("s") else "greedy" for v in variants}))
 print(f"prompts {first}..{last - 1} x {max_new} tokens, {mode}; heads " +
       " ".join(f"{name}={head}" for name, head in zip(names, heads)), flush=True)
 seeds = range(int(os.environ.get("SEEDS", "3")))
