@@ -56,10 +56,10 @@ def auto_top_k(tree_size: int) -> int:
     wider costs more drafting than it gains. Larger trees, by tokens per forward (round 37: greedy, SmolLM2's head over
     the whole vocabulary, held-out prompts 6..15, `examples/adhoc/r35_head_ab.py`, logs `r37_gpu_tree.log` and
     `r37_top_k.log`): 47 nodes 8 deep (a GPU's "auto") at top-k 4 / 6 / 8 / 12 / 16: 2.67 / 2.83 / 2.84 / 2.86 / 2.86;
-    128 nodes 12 deep at 12 / 20: 3.17 / 3.25; sampled (T=0.7, top-p 0.9, 12 runs, `r37_sampled.log`) 47 nodes at 4 / 12:
-    2.20 / 2.45. A top-k of 4 leaves a large tree too narrow near the root (47 nodes:
-    the first draft matched in 0.69 of the steps against 0.81 at 12). The wider levels cost a few more rows per head
-    forward, nearly nothing where such trees are verified (an accelerator; not timed there)."""
+    128 nodes 12 deep at 12 / 20: 3.17 / 3.25; sampled (T=0.7, top-p 0.9, 12 runs, `r37_sampled.log`), 47 nodes at
+    4 / 12: 2.20 / 2.45. A top-k of 4 leaves a large tree too narrow near the root (47 nodes: the first draft matched
+    in 0.69 of the steps against 0.81 at 12). The wider levels cost a few more rows per head forward, nearly nothing
+    where such trees are verified (an accelerator; not timed there)."""
     return 4 if tree_size <= 16 else min(20, round(tree_size / 4))
 
 
