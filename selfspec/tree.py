@@ -63,11 +63,12 @@ class DraftTree:
             raise ValueError(
                 f"draft_probs must be [{n}, vocab] (one row per node) or None, got {tuple(self.draft_probs.shape)}"
             )
+        token_list = self.tokens.tolist()  # one device-to-host copy, not one per node (a sync each on a GPU)
         for row, children in enumerate(self.children):
             if len(children) == 0:
                 continue
             if kinds[row] == DISTINCT:
-                sibling_tokens = [int(self.tokens[c]) for c in children]
+                sibling_tokens = [token_list[c] for c in children]
                 if len(set(sibling_tokens)) != len(sibling_tokens):
                     raise ValueError(f"the DISTINCT children of row {row} repeat a token: {sibling_tokens}")
             else:
@@ -121,8 +122,11 @@ class DraftTree:
         n = self.num_nodes
         mask = torch.eye(n + 1, dtype=torch.bool)
         mask[:, 0] = True  # everything descends from the root
-        for node, parent in enumerate(self._parent_list):
-            mask[node + 1] |= mask[parent + 1]  # parents come first, so their rows are complete
+        parent_rows = torch.tensor(self._parent_list, dtype=torch.long) + 1  # [n] row of each node's parent
+        depths = self.depths.cpu()
+        for depth in range(1, int(depths.max()) + 1 if n else 1):  # a level at a time: its parents' rows are complete
+            rows = torch.nonzero(depths == depth).flatten()  # [m] node indices at this depth
+            mask[rows + 1] |= mask[parent_rows[rows]]
         return mask.to(self.tokens.device)
 
     def path_to(self, node: int) -> list[int]:

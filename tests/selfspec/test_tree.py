@@ -40,6 +40,18 @@ def test_ancestor_mask_holds_exactly_the_path(parents, children, depths, last_pa
         assert set(mask[node + 1].nonzero()[:, 0].tolist()) == rows
 
 
+def test_ancestor_mask_of_a_large_irregular_tree_holds_exactly_each_path():
+    """A 300-node tree (a GPU's size) whose depths interleave in node order: the mask is built a level at a time."""
+    generator = torch.Generator().manual_seed(0)
+    parents = [-1, -1] + [int(torch.randint(-1, node, (1,), generator=generator)) for node in range(2, 300)]
+    t = tree(parents)
+    assert len(set(t.depths.tolist())) > 4
+    expected = torch.zeros(301, 301, dtype=torch.bool)
+    for node in range(-1, 300):
+        expected[node + 1, [0, *(n + 1 for n in t.path_to(node))]] = True
+    assert torch.equal(t.ancestor_mask(), expected)
+
+
 def test_chain_constructor():
     probs = torch.full((3, 5), 0.2, dtype=torch.float64)
     t = DraftTree.chain(torch.tensor([4, 1, 2]), probs)
