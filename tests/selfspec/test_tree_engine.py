@@ -10,7 +10,7 @@ import torch
 from transformers import AttentionInterface
 
 import selfspec.verify_step
-from heads import MedusaHeads
+from heads import EagleHead, MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.drafters.base import Draft, DraftContext
@@ -127,7 +127,7 @@ def test_eagle_tree_top_k_auto_widens_with_the_node_budget(tree_size, tree_top_k
 def test_eagle_tree_top_k_refuses_what_is_not_auto_or_a_count():
     model = tiny_model()
     with pytest.raises(ValueError, match=r'tree_top_k \("auto" or a count\) must be an integer >= 1, got \'wide\''):
-        SelfSpecModel(model, heads=trained_head(model, steps=1), tree_size=10, tree_top_k="wide")
+        SelfSpecModel(model, heads=EagleHead.for_model(model), tree_size=10, tree_top_k="wide")
 
 
 def first_tree_context(spec, seed: int, num_draft_tokens: int) -> DraftContext:
