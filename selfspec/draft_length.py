@@ -57,7 +57,8 @@ class AdaptiveDraftLength:
     Expected tokens of a step with k drafts: 1 + sum_i prod_{j<=i} rate_j. Cost of that step, in one-token decodes:
     cost_curve(k) + overhead + k * draft_cost, where the last two are learned from the seconds `observe` is given
     for each step (`StepOverhead`): what a step costs beyond its verify forward, per step (the
-    loop's bookkeeping) and per draft token (drafting itself: ~0 for n-gram, a partial forward for early exit).
+    loop's bookkeeping) and per draft token (drafting itself: ~0 for n-gram, a partial forward for early exit);
+    plain steps' overhead is learned apart from drafting steps' (`step_overhead`).
     Each position's evidence decays by `decay` whenever the position is observed again (a memory of about
     1 / (1 - decay) observations). A position the policy stopped drafting to is not observed at all, so its evidence
     would never change: a step that drafts d > 0 tokens ages the evidence of positions d and beyond by `stale_decay`,
@@ -135,7 +136,10 @@ class AdaptiveDraftLength:
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
-        self.overhead = StepOverhead(decay, per_token=draft_cost)
+        # A drafting step's cost beyond its forward, learned from drafting steps; plain steps age it back towards its
+        # priors (per token: draft_cost; per step: 0), as they age unseen positions' acceptance.
+        self.overhead = StepOverhead(decay, per_token=draft_cost, step_ridge=1.0)
+        self.plain_overhead = StepOverhead(decay)  # a plain step's (k = 0), learned from plain steps: a mean
         self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
@@ -208,8 +212,18 @@ class AdaptiveDraftLength:
             verify = curve_at(self.cost_curve, verified)
             if k:
                 verify = (1.0 - declined) * verify + declined * at_zero
-            costs.append(verify + self.overhead.predict(k))
+            costs.append(verify + self.step_overhead(k))
         return costs
+
+    def step_overhead(self, num_drafted: int) -> float:
+        """What a step drafting `num_drafted` costs beyond its verify forward, in one-token decodes: a plain step's
+        (k = 0) and a drafting step's are learned apart, since a drafting step runs the drafter and the verifier once
+        whatever its k. Fitted on every step as one line, the intercept a run of one-token drafts paid was charged to
+        plain decoding too, so k = 1 looked cheap: random Medusa heads, greedy, on SmolLM2 at ~1.25 decodes a step
+        were asked ~8 times per 128-token call before their estimate fell below k = 1's (round 38). While it goes
+        undrafted, the drafting steps' evidence ages (`stale_decay` per plain step), so a cost learned once, or
+        wrongly, is tried again, as the one line forgot it."""
+        return self.overhead.predict(num_drafted) if num_drafted else self.plain_overhead.predict(0)
 
     def choose(self) -> int:
         tokens = self.expected_tokens_up_to(self.max_draft_tokens)
@@ -248,8 +262,12 @@ class AdaptiveDraftLength:
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
             ran = num_drafted or asked  # a declined ask still ran the drafter: its cost belongs to asking
             verify = self.cost_curve(self.verified_tokens(num_drafted) if verified is None else verified)
-            step = clipped(seconds / decode_seconds, verify + self.overhead.predict(ran))  # in one-token decodes
-            self.overhead.observe(ran, step - verify)
+            step = clipped(seconds / decode_seconds, verify + self.step_overhead(ran))  # in one-token decodes
+            if ran:
+                self.overhead.observe(ran, step - verify)
+            else:
+                self.plain_overhead.observe(0, step - verify)
+                self.overhead.age(self.stale_decay)
 
 
 class ProbeSchedule:
@@ -291,11 +309,12 @@ class StepOverhead:
 
     Decayed least squares over the steps seen; a ridge worth `ridge` steps pulls per_token towards `per_token` (the
     drafter's own estimate, 0 unless it gives one), so while the number drafted never varies the cost is read as
-    per step (which does not favour any k) beyond what the drafter said a token costs.
+    per step (which does not favour any k) beyond what the drafter said a token costs. `step_ridge` (0: none) pulls
+    per_step towards 0 the same way, so that evidence `age`d away leaves the fit at its priors.
     """
 
-    def __init__(self, decay: float, ridge: float = 1.0, per_token: float = 0.0):
-        self.decay, self.ridge, self.prior_per_token = decay, ridge, per_token
+    def __init__(self, decay: float, ridge: float = 1.0, per_token: float = 0.0, step_ridge: float = 0.0):
+        self.decay, self.ridge, self.prior_per_token, self.step_ridge = decay, ridge, per_token, step_ridge
         self.n = self.d = self.dd = self.r = self.dr = 0.0  # decayed sums of 1, d, d^2, r, d*r
         self.per_step, self.per_token = 0.0, per_token
 
@@ -303,15 +322,27 @@ class StepOverhead:
         return self.per_step + num_drafted * self.per_token
 
     def observe(self, num_drafted: int, residual: float) -> None:
-        d, g, t0 = float(num_drafted), self.decay, self.prior_per_token
+        d, g = float(num_drafted), self.decay
         self.n, self.d, self.dd = g * self.n + 1, g * self.d + d, g * self.dd + d * d
         self.r, self.dr = g * self.r + residual, g * self.dr + d * residual
-        # min over (s, t) of sum (r - s - t d)^2 + ridge (t - t0)^2, solved for t - t0 on residuals net of t0 d.
+        self._fit()
+
+    def age(self, factor: float) -> None:
+        """Weigh every step seen `factor` less, as if time had passed without such steps."""
+        self.n, self.d, self.dd, self.r, self.dr = (factor * x for x in (self.n, self.d, self.dd, self.r, self.dr))
+        self._fit()
+
+    def _fit(self) -> None:
+        # min over (s, t) of sum (r - s - t d)^2 + ridge (t - t0)^2 + step_ridge s^2, solved for t - t0 on residuals
+        # net of t0 d.
+        t0, n = self.prior_per_token, self.n + self.step_ridge
+        if n <= 0:
+            return
         r, dr, dd = self.r - t0 * self.d, self.dr - t0 * self.dd, self.dd + self.ridge
-        det = self.n * dd - self.d * self.d
-        per_step, per_token = (r * dd - self.d * dr) / det, t0 + (self.n * dr - self.d * r) / det
+        det = n * dd - self.d * self.d
+        per_step, per_token = (r * dd - self.d * dr) / det, t0 + (n * dr - self.d * r) / det
         if per_token < 0:
-            per_step, per_token = self.r / self.n, 0.0
+            per_step, per_token = self.r / n, 0.0
         if per_step < 0:
             per_step, per_token = 0.0, max(0.0, (self.dr + self.ridge * t0) / dd)
         self.per_step, self.per_token = max(0.0, per_step), per_token

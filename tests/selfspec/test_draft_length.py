@@ -184,6 +184,31 @@ def test_the_last_token_is_not_read_as_a_decline():
     assert policy.declined == 0.0
 
 
+def test_a_drafting_steps_fixed_cost_is_not_charged_to_plain_decoding():
+    """An always-rejected drafter whose every ask costs 0.25 decodes beyond its verify forward, whatever k (the drafter
+    and the verifier run once per drafting step), and plain steps that cost exactly a decode: the policy learns the
+    two kinds of steps apart, so after its first asks k = 1 is priced at what it cost, and the drafter is asked at
+    most 4 times in the first 32 steps (probes scored in shadow aside; 4 here; later, once plain steps have aged the
+    cost learned, it is asked again now and then: twice more here, ~60 steps apart). Fitted as one line through every
+    step (before round 38), the ask's fixed cost was read as per step, charged to k = 0 too, and k = 1 kept looking
+    cheap: 9 asks in the first 32 steps (random Medusa heads, greedy, on SmolLM2: 6-9 asks a call). Catches
+    (planted): that one line."""
+    curve = VerifyCost(tuple(1 + 0.1 * k for k in range(9)), decode_seconds=0.01)
+    policy = AdaptiveDraftLength(curve)
+    asks = []
+    for step in range(128):
+        k = policy.choose()
+        if k and policy.probe_in_shadow():  # as the engine scores a probe: no timing taught
+            policy.observe(1, 0, seconds=None)
+        elif k:
+            asks.append(step)
+            policy.observe(k, 0, seconds=0.01 * (curve(k) + 0.25))
+        else:
+            policy.observe(0, 0, seconds=0.01 * (curve(0) + 0.05))  # a plain step's own bookkeeping
+    assert 1 <= len([step for step in asks if step < 32]) <= 4 and len(asks) <= 7
+    assert policy.step_overhead(0) == pytest.approx(0.05, abs=1e-6)  # learned from plain steps only
+
+
 def test_one_stalled_step_does_not_stop_drafting():
     """Always-right drafts on a GPU-like device; one step takes 50 decodes (a GPU's first forward of a new shape, an
     OS stall). The policy learns from it as at most OUTLIER_RATIO x its prediction and keeps drafting long; a cost
