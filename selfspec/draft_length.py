@@ -9,7 +9,6 @@ drafting cost learned from the step times it is given). Knows no model, cache or
 """
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from typing import Protocol
 
@@ -144,29 +143,6 @@ class AdaptiveDraftLength:
         self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
-
-    def carried(self) -> AdaptiveDraftLength:
-        """A policy for the next generation the same way (the engine: the same wrapper and sampling settings) that
-        starts where this one is: its acceptance and decline estimates, each now worth at most `prior_weight`
-        observations (a new prompt may draft better or worse), its tree's nodes per depth and its step costs, the
-        same cost curve, and its probe schedule (steps at k = 0 count on across calls, so short calls still probe).
-        A drafter that did not pay is then not re-learned from the prior's 0.5 at the start of every call (random
-        Medusa heads, greedy, on SmolLM2: 3-5 asks a call, round 38), and one that did starts at the length it
-        earned."""
-        new = copy.copy(self)
-        new.tried, new.accepted, new.prior_left = [], [], []
-        for tried, accepted, weight in zip(self.tried, self.accepted, self.prior_left):
-            scale = min(1.0, self.prior_weight / (tried + weight))
-            new.tried.append(tried * scale)
-            new.accepted.append(accepted * scale)
-            new.prior_left.append(weight * scale)
-        scale = min(1.0, self.prior_weight / (self.asked + 1.0))
-        new.asked, new.declined = self.asked * scale, self.declined * scale
-        new.verified_steps, new.verified_sum = list(self.verified_steps), list(self.verified_sum)
-        new.overhead, new.plain_overhead = copy.copy(self.overhead), copy.copy(self.plain_overhead)
-        new.probes = copy.copy(self.probes)
-        new.probes.probing, new._last_asked = False, 0
-        return new
 
     def acceptance(self) -> list[float]:
         """[position] estimated P(accepted | every earlier draft accepted)."""

@@ -142,7 +142,6 @@ class SelfSpecModel:
         self._batch_overhead = StepOverhead(decay=0.9)  # a batch step's cost beyond its forward (`batch_step_overhead`)
         self._batch_rates = MeasuredRates()  # what batch steps of each (rows, width) emitted per second
         self._timed_shapes: set[int] = set()  # draft sizes whose verify forward ran once: later ones are measurements
-        self._last_policies: dict[SamplingConfig, AdaptiveDraftLength] = {}  # "auto"'s last call per sampling setting
         # nodes per step (0: chains); why "auto" chose chains (None when it did not, or for an explicit size)
         with self.few_row_linears or contextlib.nullcontext():  # (the tree probe's forwards run as verify forwards do)
             self.tree_size, self.chain_reason = choose_tree_size(tree_size, self.drafter, self.target,
@@ -312,7 +311,7 @@ class SelfSpecModel:
                              "prompts; for one prompt pass one torch.Generator")
         prompt = self._prompt_ids(input_ids)
         check_lengths(prompt.shape[0], options.max_new_tokens, self.target.max_positions)
-        policy = self._carried_policy(options)
+        policy = self._draft_length_policy(options)
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
@@ -331,18 +330,6 @@ class SelfSpecModel:
         if self.few_row_linears is not None:
             pieces = self.few_row_linears.routing(pieces)
         return engine_attention(pieces, self.target.device)
-
-    def _carried_policy(self, options: DecodeOptions):
-        """One sequence's draft-length policy. "auto" without a seed continues this wrapper's last such call with the
-        same sampling settings (`AdaptiveDraftLength.carried`: its estimates, worth a few observations), in memory
-        only; a seeded call plans from its own steps alone, so its tokens do not depend on earlier calls."""
-        if options.num_draft_tokens != "auto" or options.reproducible:
-            return self._draft_length_policy(options)
-        key = options.sampling if options.sampling.do_sample else SamplingConfig()  # greedy ignores the warpers
-        last = self._last_policies.get(key)
-        policy = self._draft_length_policy(options) if last is None else last.carried()
-        self._last_policies[key] = policy
-        return policy
 
     def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
         """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from

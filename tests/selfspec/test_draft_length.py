@@ -387,35 +387,6 @@ def test_auto_drafts_little_for_a_useless_drafter_and_much_for_an_oracle():
     assert later_k[True] < 0.5 and later_k[False] > 6
 
 
-def test_auto_starts_each_call_where_the_wrappers_last_call_left_off():
-    """On a scripted clock, default "auto": a wrapper's second greedy call starts from the first call's estimates
-    (`AdaptiveDraftLength.carried`), so an always-wrong drafter is not re-learned from the prior (the second call
-    verifies far fewer drafts: only probes, scored in shadow), and an oracle starts long (fewer forwards). A seeded
-    sampled call plans from its own steps alone: its tokens are the same after other calls as on a fresh wrapper.
-    Catches (planted): a fresh policy every call (the second call drafts as the first)."""
-    model = tiny_model("llama", seed=4)
-    prompt = random_prompt(6, seed=5)
-    continuation = model.generate(
-        prompt, max_new_tokens=60, do_sample=False, eos_token_id=None, pad_token_id=2, attention_mask=torch.ones_like(prompt)
-    )[0]
-    calls = {}
-    for wrong in (True, False):
-        spec = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong))
-        scripted_engine_clock(spec, lambda num_tokens: CPU_LIKE(num_tokens - 1))
-        calls[wrong] = [spec.generate(prompt, max_new_tokens=60, eos_token_id=[]) for _ in range(2)]
-        for out in calls[wrong]:
-            assert torch.equal(out.sequences[0], continuation)
-        if wrong:  # an unseeded sampled call teaches the sampled setting's policy; a seeded one must not read it
-            spec.generate(prompt, max_new_tokens=60, do_sample=True, eos_token_id=[])
-            sampled = spec.generate(prompt, max_new_tokens=20, do_sample=True, seed=3, eos_token_id=[]).sequences
-            fresh = SelfSpecModel(model, drafter=_Scripted(continuation, 96, wrong))
-            assert torch.equal(sampled, fresh.generate(prompt, max_new_tokens=20, do_sample=True, seed=3,
-                                                       eos_token_id=[]).sequences)
-    (first, second), (oracle_first, oracle_second) = calls[True], calls[False]
-    assert first.stats.drafted >= 4 and second.stats.drafted <= first.stats.drafted / 2
-    assert oracle_second.stats.target_forwards < oracle_first.stats.target_forwards
-
-
 class _WrongEvery:
     """Proposes the model's greedy continuation with every `period`-th position of the sequence wrong: acceptance
     that varies step by step, so "auto" asks for drafts of several sizes."""
