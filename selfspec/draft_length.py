@@ -136,10 +136,11 @@ class AdaptiveDraftLength:
         self.tried = [0.0] * max_draft_tokens  # [position] decayed count of steps that proposed a draft there
         self.accepted = [0.0] * max_draft_tokens  # [position] of those, decayed count accepted
         self.prior_left = [prior_weight] * max_draft_tokens  # [position] what the prior is still worth
-        # A drafting step's cost beyond its forward, learned from drafting steps; plain steps age it back towards its
-        # priors (per token: draft_cost; per step: 0), as they age unseen positions' acceptance.
+        # What a plain step (k = 0) costs beyond its forward, learned from plain steps (a mean); what a drafting step
+        # costs beyond that, learned from drafting steps, and aged by plain steps back towards its priors (per token:
+        # draft_cost; per step: 0), as they age unseen positions' acceptance (`step_overhead`).
+        self.plain_overhead = StepOverhead(decay)
         self.overhead = StepOverhead(decay, per_token=draft_cost, step_ridge=1.0)
-        self.plain_overhead = StepOverhead(decay)  # a plain step's (k = 0), learned from plain steps: a mean
         self.probes = ProbeSchedule(probe_every, max_probe_every)
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
@@ -216,14 +217,17 @@ class AdaptiveDraftLength:
         return costs
 
     def step_overhead(self, num_drafted: int) -> float:
-        """What a step drafting `num_drafted` costs beyond its verify forward, in one-token decodes: a plain step's
-        (k = 0) and a drafting step's are learned apart, since a drafting step runs the drafter and the verifier once
-        whatever its k. Fitted on every step as one line, the intercept a run of one-token drafts paid was charged to
-        plain decoding too, so k = 1 looked cheap: random Medusa heads, greedy, on SmolLM2 at ~1.25 decodes a step
-        were asked ~8 times per 128-token call before their estimate fell below k = 1's (round 38). While it goes
-        undrafted, the drafting steps' evidence ages (`stale_decay` per plain step), so a cost learned once, or
-        wrongly, is tried again, as the one line forgot it."""
-        return self.overhead.predict(num_drafted) if num_drafted else self.plain_overhead.predict(0)
+        """What a step drafting `num_drafted` costs beyond its verify forward, in one-token decodes: what a plain step
+        costs beyond it (learned from plain steps), plus for k > 0 what a drafting step costs beyond that, per step
+        (the drafter and the verifier run once whatever k) and per token (learned from drafting steps). Fitted on
+        every step as one line, the per-step cost a run of one-token drafts paid was charged to plain decoding too, so
+        k = 1 looked cheap: random Medusa heads, greedy, on SmolLM2 at ~1.25 decodes a step were asked 6-9 times per
+        128-token call before their estimate fell below k = 1's (round 38). While nothing is drafted, the drafting
+        steps' evidence ages (`stale_decay` per plain step) back to the priors (no cost beyond a plain step's but
+        the drafter's stated per-token cost), so a cost learned once, or wrongly, is tried again, as the one line
+        forgot it."""
+        plain = self.plain_overhead.predict(0)
+        return plain + self.overhead.predict(num_drafted) if num_drafted else plain
 
     def choose(self) -> int:
         tokens = self.expected_tokens_up_to(self.max_draft_tokens)
@@ -264,7 +268,7 @@ class AdaptiveDraftLength:
             verify = self.cost_curve(self.verified_tokens(num_drafted) if verified is None else verified)
             step = clipped(seconds / decode_seconds, verify + self.step_overhead(ran))  # in one-token decodes
             if ran:
-                self.overhead.observe(ran, step - verify)
+                self.overhead.observe(ran, step - verify - self.plain_overhead.predict(0))
             else:
                 self.plain_overhead.observe(0, step - verify)
                 self.overhead.age(self.stale_decay)
