@@ -159,7 +159,7 @@ def auto(verify, **settings):
 
         def observe(d, a, step):
             policy.observe(d, a)
-            (policy.overhead if d else policy.plain_overhead).observe(d, step - verify(d))
+            policy.observe_overhead(d, step - verify(d))
         return policy.choose, observe
     return make
 

@@ -267,11 +267,16 @@ class AdaptiveDraftLength:
             ran = num_drafted or asked  # a declined ask still ran the drafter: its cost belongs to asking
             verify = self.cost_curve(self.verified_tokens(num_drafted) if verified is None else verified)
             step = clipped(seconds / decode_seconds, verify + self.step_overhead(ran))  # in one-token decodes
-            if ran:
-                self.overhead.observe(ran, step - verify - self.plain_overhead.predict(0))
-            else:
-                self.plain_overhead.observe(0, step - verify)
-                self.overhead.age(self.stale_decay)
+            self.observe_overhead(ran, step - verify)
+
+    def observe_overhead(self, ran: int, residual: float) -> None:
+        """Learn what a step cost beyond its verify forward (`residual`, one-token decodes) that ran the drafter for
+        `ran` tokens (0: a plain step), as `step_overhead` prices it."""
+        if ran:
+            self.overhead.observe(ran, residual - self.plain_overhead.predict(0))
+        else:
+            self.plain_overhead.observe(0, residual)
+            self.overhead.age(self.stale_decay)
 
 
 class ProbeSchedule:
