@@ -186,10 +186,10 @@ def test_the_last_token_is_not_read_as_a_decline():
 
 def test_a_drafting_steps_fixed_cost_is_not_charged_to_plain_decoding():
     """An always-rejected drafter whose every ask costs 0.25 decodes beyond its verify forward, whatever k (the drafter
-    and the verifier run once per drafting step), and plain steps that cost exactly a decode: the policy learns the
+    and the verifier run once per drafting step), and plain steps that cost 0.05 beyond theirs: the policy learns the
     two kinds of steps apart, so after its first asks k = 1 is priced at what it cost, and the drafter is asked at
-    most 4 times in the first 32 steps (probes scored in shadow aside; 4 here; later, once plain steps have aged the
-    cost learned, it is asked again now and then: twice more here, ~60 steps apart). Fitted as one line through every
+    most 4 times in the first 32 steps (probes scored in shadow aside; 3 here; later, once plain steps have aged the
+    cost learned, it is asked again now and then: once more here, at step 74). Fitted as one line through every
     step (before round 38), the ask's fixed cost was read as per step, charged to k = 0 too, and k = 1 kept looking
     cheap: 9 asks in the first 32 steps (random Medusa heads, greedy, on SmolLM2: 6-9 asks a call). Catches
     (planted): that one line."""
