@@ -1,5 +1,5 @@
 """What a batched verify forward costs by its width: B rows of 1 + w tokens each, relative to the B x 1 forward, on
-a ragged cache holding 120 committed tokens per row (the shape `selfspec.batch` verifies). It bounds what
+a ragged cache holding 120 committed tokens per row (the shape `selfspec.batch.decode` verifies). It bounds what
 speculation can gain in a batch: a width pays only if the rows' expected tokens per step grow faster than this.
 
     OMP_NUM_THREADS=1 python examples/batch_cost.py --model smollm2 --batch-sizes 1,4,8,16
@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from selfspec.batch import _forward_block
-from selfspec.batch_cache import RaggedCache
+from selfspec.batch.decode import _forward_block
+from selfspec.batch.cache import RaggedCache
 from selfspec.loading import load_model
 from selfspec.target import TargetModel
 

@@ -21,7 +21,7 @@ import time
 import torch
 
 from heads import MedusaHeads
-from selfspec.draft_length import AdaptiveDraftLength, VerifyCost, _non_decreasing
+from selfspec.draft_length.policy import AdaptiveDraftLength, VerifyCost, _non_decreasing
 from selfspec.drafters.ngram import lookup
 from selfspec.target import TargetModel
 

@@ -15,14 +15,14 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.attention_backends import engine_attention
-from selfspec.batch_draft_length import MeasuredRates
-from selfspec.draft_length import (
+from selfspec.draft_length.batch import MeasuredRates
+from selfspec.draft_length.policy import (
     MAX_DRAFT_TOKENS, AdaptiveDraftLength, StepOverhead, capped_choice, draft_length_policy, probe_asked,
     probe_in_shadow,
 )
 from selfspec.drafters import CALL_ARGUMENTS, drafter_modules, drafter_parameter_bytes, drafters_taking, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter, check_drafts
-from selfspec.few_row_linear import FewRowLinears, resolve_draft_dtype, resolve_few_row_kernel
+from selfspec.kernel.few_row_linear import FewRowLinears, resolve_draft_dtype, resolve_few_row_kernel
 from selfspec.inputs import (
     apply_chat_template, check_id_dtype, check_lengths, check_prompt_form, check_tokenizer, is_chat, unpadded_prompts,
 )
@@ -31,9 +31,9 @@ from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings, eos_ids
 from selfspec.streaming import TokenStream, feed_streamer
 from selfspec.target import TargetModel
-from selfspec.tree_forward import choose_tree_size, resolve_min_node_probability
+from selfspec.tree.forward import choose_tree_size, resolve_min_node_probability
 from selfspec.verifier import Verdict
-from selfspec.verify_cost import (
+from selfspec.draft_length.verify_cost import (
     LearnedVerifyCost, kept_one_row, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
 )
 from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
@@ -107,7 +107,7 @@ class SelfSpecModel:
     prices a tree k levels deep as the nodes such trees verified (at first the most such a tree holds, the drafter's
     `max_tree_nodes`), so on a CPU a tree must earn its nodes.
     few_row_kernel: "auto" (default), "on" or "off": whether a float32 model on a CPU runs its products over 2-32
-    rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/few_row_linear.py; "auto": where
+    rows (verify forwards, batches) through selfspec's streaming kernel (selfspec/kernel/few_row_linear.py; "auto": where
     it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding's steps) run through it
     too where it measures clearly faster than F.linear for them (measured once per machine and model, kept in the
     cache directory: `verify_cost.kept_one_row`).
@@ -254,9 +254,9 @@ class SelfSpecModel:
             max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
             eos_token_id, stop_strings,
         )
-        from selfspec.batch import generate_batch, is_prompt_batch
+        from selfspec.batch.decode import generate_batch, is_prompt_batch
 
-        if is_prompt_batch(input_ids):  # several prompts: decoded together, each as if alone (selfspec/batch.py)
+        if is_prompt_batch(input_ids):  # several prompts: decoded together, each as if alone (selfspec/batch/decode.py)
             return generate_batch(self, input_ids, options, streamer)
         prompt, pieces, stats = self._start(input_ids, options)
         new_tokens = []
@@ -296,9 +296,9 @@ class SelfSpecModel:
             max_new_tokens, SamplingConfig(do_sample, temperature, top_k, top_p), num_draft_tokens, seed, generator,
             eos_token_id, stop_strings,
         )
-        from selfspec.batch import is_prompt_batch, stream_batch
+        from selfspec.batch.decode import is_prompt_batch, stream_batch
 
-        if is_prompt_batch(input_ids):  # several prompts: decoded together, each as if alone (selfspec/batch.py)
+        if is_prompt_batch(input_ids):  # several prompts: decoded together, each as if alone (selfspec/batch/decode.py)
             return stream_batch(self, input_ids, options)
         prompt, pieces, stats = self._start(input_ids, options)
         return TokenStream(prompt, pieces, stats, self.tokenizer)

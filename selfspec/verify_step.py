@@ -11,10 +11,10 @@ import torch
 
 from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig, WarpedRows
-from selfspec.tree import DraftTree
-from selfspec.tree_cache import keep_path, path_offsets
-from selfspec.tree_forward import tree_forward
-from selfspec.tree_verifier import verify_tree_greedy, verify_tree_sampled
+from selfspec.tree.draft_tree import DraftTree
+from selfspec.tree.cache import keep_path, path_offsets
+from selfspec.tree.forward import tree_forward
+from selfspec.tree.verifier import verify_tree_greedy, verify_tree_sampled
 from selfspec.verifier import Verdict, accept_greedy, probe_accepted, verify_greedy, verify_sampled
 
 

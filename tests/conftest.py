@@ -85,7 +85,7 @@ def _private_selfspec_cache(tmp_path_factory, monkeypatch):
 def needs_kernel():
     """Skip where selfspec's few-row kernel cannot run (not x86 with AVX2, no C compiler); built in the test's private
     cache dir."""
-    from selfspec.few_row_linear import unavailable_reason
+    from selfspec.kernel.few_row_linear import unavailable_reason
 
     if unavailable_reason() is not None:
         pytest.skip(f"kernel unavailable: {unavailable_reason()}")

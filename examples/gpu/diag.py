@@ -3,7 +3,7 @@
     python3 examples/gpu/diag.py shapes bfloat16 3   # the reference model's first and next 3 forwards per draft size
     python3 examples/gpu/diag.py run bfloat16 3      # generate vs selfspec off / medusa "auto" / k=3 / tree "auto",
                                                      # 3 code prompts x 3 rounds x 64 tokens; the last argument is
-                                                     # selfspec.verify_cost.OUTLIER_RATIO (1e9: no clipping)
+                                                     # selfspec.draft_length.verify_cost.OUTLIER_RATIO (1e9: no clipping)
     python3 examples/gpu/diag.py run bfloat16 3 nocudnn   # the same with cuDNN's attention backend turned off
 
 An ad hoc script (not interleaved like the benchmark: generate, then each wrapper in turn, per prompt and round).
@@ -11,7 +11,7 @@ An ad hoc script (not interleaved like the benchmark: generate, then each wrappe
 import os, statistics, sys, tempfile, time
 sys.path.insert(0, os.getcwd())
 import torch
-import selfspec.verify_cost as vc
+import selfspec.draft_length.verify_cost as vc
 from selfspec import SelfSpecModel
 from selfspec.bench.settings import parse_args
 from selfspec.bench.models import load

@@ -25,7 +25,7 @@ done
 stamp "tree probe, float32"
 timeout 60 python3 examples/gpu/tree_probe.py smollm2 float32 cuda 2>&1 | grep row
 stamp "benchmark, SmolLM2, bfloat16, engine off cuDNN attention, trees"
-timeout 170 python3 -c "import runpy, sys, selfspec.tree_forward as t; t.PROBE_TOLERANCE_16BIT = 0.1; \
+timeout 170 python3 -c "import runpy, sys, selfspec.tree.forward as t; t.PROBE_TOLERANCE_16BIT = 0.1; \
 sys.argv[0] = 'selfspec.bench'; runpy.run_module('selfspec.bench', run_name='__main__', alter_sys=True)" \
     --device cuda --dtype bfloat16 --model smollm2 --heads examples/smollm2/heads --eagle examples/smollm2/eagle \
     --num-prompts 2 --repeats 2 --max-new-tokens 64 --sweep-max 0 --useless-prompts 0 --tree-size auto --fixed-k 3 \

@@ -7,10 +7,10 @@ import sys
 
 import torch
 
-import selfspec.tree_forward as tf
+import selfspec.tree.forward as tf
 from selfspec.loading import load_model
 from selfspec.target import TargetModel
-from selfspec.tree import DraftTree
+from selfspec.tree.draft_tree import DraftTree
 
 name, dtype, device = sys.argv[1], getattr(torch, sys.argv[2]), torch.device(sys.argv[3])
 if "nocudnn" in sys.argv[4:]:

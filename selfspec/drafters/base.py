@@ -16,7 +16,7 @@ import torch
 from heads.draft_vocab import full_vocab_probs
 from selfspec.inputs import holds_integers
 from selfspec.sampling import SamplingConfig, draw, logits_to_probs, top_probability
-from selfspec.tree import DraftTree
+from selfspec.tree.draft_tree import DraftTree
 
 if TYPE_CHECKING:
     from selfspec.cache import KVCache
@@ -56,7 +56,7 @@ class Draft:
     # the cache; `prefilled_hidden` [num_draft_tokens + 1, hidden] is their output, so verification resumes there.
     prefilled_layers: int = 0
     prefilled_hidden: torch.Tensor | None = None
-    # A tree of draft tokens (`selfspec/tree.py`): [num_draft_tokens] long, the parent of each token (-1 = the
+    # A tree of draft tokens (`selfspec/tree/draft_tree.py`): [num_draft_tokens] long, the parent of each token (-1 = the
     # pending token; a parent comes before its children). None = a chain, verified on the chain's own fast path.
     parents: torch.Tensor | None = None
     # How each row's children were drafted (`tree.py`: root first, then one per token); () = DISTINCT when probs is

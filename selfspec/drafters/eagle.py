@@ -28,7 +28,7 @@ from selfspec.drafters.base import (
     Draft, DraftContext, check_count, check_probability, draw_draft, load_extra_module, projection_weights,
     top_draft_tokens, weight_share,
 )
-from selfspec.drafters.tree_select import ROOT, TreeCandidates, frontier, score_floor
+from selfspec.tree.select import ROOT, TreeCandidates, frontier, score_floor
 from selfspec.sampling import top_probability
 
 # The most unseen states a probe reads (the newest). After steps at k = 0 a probe had the head read every position

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from selfspec.batch_cache import RaggedCache
+from selfspec.batch.cache import RaggedCache
 from selfspec.drafters.base import Draft, DraftContext, confident_rows, draw_rows
 from selfspec.drafters.eagle import EagleDrafter
 

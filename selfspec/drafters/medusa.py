@@ -16,7 +16,7 @@ from selfspec.drafters.base import (
     Draft, DraftContext, check_count, check_probability, draw_draft, load_extra_module, projection_weights,
     top_draft_tokens, weight_share,
 )
-from selfspec.drafters.tree_select import ROOT, TreeCandidates, score_floor
+from selfspec.tree.select import ROOT, TreeCandidates, score_floor
 from selfspec.sampling import greedy_tokens, top_probability
 
 

@@ -39,7 +39,7 @@ def scripted_engine_clock(spec, seconds_for_tokens) -> tuple[ScriptedClock, list
 
 def scripted_batch_clock(spec, monkeypatch, seconds_for_tokens) -> ScriptedClock:
     """The engine's clock moves only in the batch's target forwards, by seconds_for_tokens(all tokens of the block)."""
-    import selfspec.batch as batch
+    import selfspec.batch.decode as batch
 
     clock, forward = ScriptedClock(), batch._forward_block
     spec.clock = clock

@@ -146,15 +146,15 @@ def test_prompts_file_decodes_every_prompt_together_and_prints_json_lines(model_
                                                                            monkeypatch):
     import json
 
-    import selfspec.batch
+    import selfspec.batch.decode
 
     texts = [PROMPT, "Bonjour, crème", "Café"]
     path = tmp_path / "prompts.jsonl"
     lines = [json.dumps(texts[0]), "", json.dumps({"prompt": texts[1], "id": "b"}), json.dumps(texts[2])]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     batches = []
-    decode_batch = selfspec.batch.generate_batch
-    monkeypatch.setattr(selfspec.batch, "generate_batch",
+    decode_batch = selfspec.batch.decode.generate_batch
+    monkeypatch.setattr(selfspec.batch.decode, "generate_batch",
                         lambda spec, prompts, *a: batches.append(len(prompts)) or decode_batch(spec, prompts, *a))
     code, out, err = run_main(capsys, "generate", "--model", model_dir, "--prompts-file", str(path),
                               "--max-new-tokens", "20", "--threads", "1")

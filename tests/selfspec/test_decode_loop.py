@@ -4,8 +4,8 @@ off when drafting costs more than it saves (early exit included) and back on whe
 import torch
 
 from selfspec import SelfSpecModel
-from selfspec.draft_length import AdaptiveDraftLength
-from selfspec.verify_cost import VerifyCost, prior_verify_cost
+from selfspec.draft_length.policy import AdaptiveDraftLength
+from selfspec.draft_length.verify_cost import VerifyCost, prior_verify_cost
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 
 

@@ -19,14 +19,14 @@ from pathlib import Path
 import torch
 
 from selfspec.attention_backends import attention_route
+from selfspec.cache_dir import cache_dir
 
 # Environment variable naming the directory for selfspec's cached curves; default $XDG_CACHE_HOME/selfspec, else
 # ~/.cache/selfspec (the usual place for data that can be rebuilt at any time).
-CACHE_DIR_ENV = "SELFSPEC_CACHE_DIR"
 MAX_DRAFT_TOKENS = 8  # one sequence's curve is kept for k = 0 .. 8 and extrapolated linearly beyond
 # A timed step is learned from as at most this many times what it was predicted to cost: one stalled step (the OS, a
 # GPU's first forward of a new shape, which the engine also leaves untimed) otherwise teaches "auto" that drafting is
-# dear for many steps after (tests/selfspec/test_draft_length.py). A cost that really is higher is still learned:
+# dear for many steps after (tests/selfspec/draft_length/test_policy.py). A cost that really is higher is still learned:
 # each step can raise the estimate 3x, so a few steps reach it.
 OUTLIER_RATIO = 3.0
 # Timed forwards of one draft size after which its cost counts as known (`LearnedVerifyCost.knows`); the count kept is
@@ -103,7 +103,7 @@ class LearnedVerifyCost:
     are noisy); stale_decay 0.97 halves an untimed k's evidence in about 23 timings of others (a choice, not
     measured). The ridge's weight 0.1 is a tenth of one step's evidence at one prior unit of extra cost: enough to
     fix the shape when k never varies, small next to the spread that varied k's give (50 steps over k = 0 .. 8 weigh
-    about 5), so those teach the slope with a bias of about 2 % (tests/selfspec/test_verify_cost.py).
+    about 5), so those teach the slope with a bias of about 2 % (tests/selfspec/draft_length/test_verify_cost.py).
     """
 
     def __init__(self, start: VerifyCost, path: Path | None = None, decay: float = 0.98, prior_weight: float = 0.1,
@@ -261,7 +261,7 @@ def learned_verify_cost(target, tree: bool = False, few_row_kernel: bool | str =
                         max_tokens: int = MAX_DRAFT_TOKENS) -> LearnedVerifyCost:
     """This model's curve on this device: the one a previous process kept, else the prior; refined from here on.
     tree: the curve of tree verify forwards (a custom 4D mask, a slower attention path), kept apart from chains'.
-    few_row_kernel: the forwards' few-row products run through selfspec/few_row_linear.py (cheaper: a curve apart);
+    few_row_kernel: the forwards' few-row products run through selfspec/kernel/few_row_linear.py (cheaper: a curve apart);
     "one row": one-row products too (`FewRowLinears.one_row`), another curve again. max_tokens: the most tokens a
     step verifies (a tree's node budget), each count up to it priced by its own timings, not extrapolated.
     A kept curve is split as a batch's is (`_line_and_kept`): the line through its timed prices is what the fit
@@ -315,7 +315,7 @@ def batch_cost_curve(start: VerifyCost, path: Path | None = None) -> LearnedVeri
     the start, a kept curve's kinks were the fit's own shape: one total kept far too high (round 27: 16 forward
     tokens at 3.35 one-row decodes on SmolLM2, timed by an earlier batch of 16 rows; 8 rows of two measure ~1.6 and
     16 of one ~1.3-1.6 now) bent the fit everywhere else when it was timed again (32 tokens' price fell 37 % against 8's
-    in tests/selfspec/test_verify_cost.py, though neither had changed)."""
+    in tests/selfspec/draft_length/test_verify_cost.py, though neither had changed)."""
     line, kept = _line_and_kept(start)
     curve = LearnedVerifyCost(line, path, prior_weight=0.01, size=BATCH_CURVE_SIZE, non_decreasing=False,
                               stale_decay=1.0)
@@ -345,13 +345,6 @@ def straight(curve: VerifyCost) -> VerifyCost:
     return VerifyCost(tuple(1.0 + slope * k for k in range(last + 1)), curve.decode_seconds)
 
 
-def cache_dir() -> Path:
-    """$SELFSPEC_CACHE_DIR, else $XDG_CACHE_HOME/selfspec, else ~/.cache/selfspec."""
-    if os.environ.get(CACHE_DIR_ENV):
-        return Path(os.environ[CACHE_DIR_ENV])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "selfspec"
-
-
 def cost_key(target, tree: bool = False, few_row_kernel: bool | str = False, batch: bool = False) -> str:
     """What the curve depends on: the architecture and size (not the weights' values), device, dtype, threads, the
     engine's attention path there, whether the forwards verify trees or batches and whether their few-row products
@@ -372,7 +365,7 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool | str = False, bat
     if tree:
         described["tree"] = True
     if few_row_kernel:  # (its version: a faster kernel makes a kept curve stale)
-        from selfspec.few_row_linear import kernel_version
+        from selfspec.kernel.few_row_linear import kernel_version
 
         described["few_row_kernel"] = kernel_version()
         if few_row_kernel == "one row":  # plain decoding's products through it too: another unit of cost

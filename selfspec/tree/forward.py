@@ -15,9 +15,9 @@ import torch
 from selfspec.attention_backends import additive_mask
 from selfspec.cache import KVCache
 from selfspec.cache_layer import FULL_ATTENTION_LAYERS
-from selfspec.verify_cost import prior_verify_cost
+from selfspec.draft_length.verify_cost import prior_verify_cost
 from selfspec.target import TargetModel
-from selfspec.tree import DraftTree
+from selfspec.tree.draft_tree import DraftTree
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -127,7 +127,7 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
 # decodes for 1-16 drafts, round 21) "auto" drafts chains: trees were not measured to pay there.
 AUTO_TREE_VERIFY_COST = 2.0
 MAX_TREE_SIZE = 64
-# "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/few_row_linear.py), measured: round
+# "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/kernel/few_row_linear.py), measured: round
 # 15, SmolLM2 with its EAGLE head on the AMD EPYC, greedy, trees of 6 / 10 / 16 / 24 nodes at 1.49x / 1.66x / 1.53x /
 # 1.55x of generate (the chain 1.54x), sampled 1.32x / 1.48x / 1.33x / 1.20x (the chain 1.62x)
 # (examples/adhoc/r15_tree_sweep.py 3 2 96): 10 the best tree in both modes; sampled, the chain was faster in that

@@ -36,10 +36,10 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
-from selfspec.batch_cache import RaggedCache
-from selfspec.batch_draft_length import BatchDraftLength
-from selfspec.batch_output import BatchGenerateOutput, BatchTokenStream, total_stats
-from selfspec.draft_length import capped_choice, probe_asked, probe_in_shadow
+from selfspec.batch.cache import RaggedCache
+from selfspec.draft_length.batch import BatchDraftLength
+from selfspec.batch.output import BatchGenerateOutput, BatchTokenStream, total_stats
+from selfspec.draft_length.policy import capped_choice, probe_asked, probe_in_shadow
 from selfspec.drafters.base import Draft, DraftContext, check_drafts
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
 from selfspec.drafters.early_exit_batch import BatchEarlyExitDrafter
@@ -418,7 +418,7 @@ def _check_batch_support(spec, options) -> None:
         raise ValueError(
             f"several prompts need num_draft_tokens as an int or \"auto\" (each row gets its own policy); got {k!r}"
         )
-    from selfspec.tree_forward import check_tree_support
+    from selfspec.tree.forward import check_tree_support
 
     try:
         check_tree_support(spec.target)  # the same mechanism: a 4D mask and explicit position ids (once per model)

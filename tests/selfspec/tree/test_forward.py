@@ -7,9 +7,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.target import TargetModel
-from selfspec.tree import DraftTree
-from selfspec.tree_cache import keep_path, path_offsets
-from selfspec.tree_forward import check_tree_support, tree_attention_mask, tree_forward
+from selfspec.tree.draft_tree import DraftTree
+from selfspec.tree.cache import keep_path, path_offsets
+from selfspec.tree.forward import check_tree_support, tree_attention_mask, tree_forward
 from tests.conftest import VOCAB, column_bytes, random_prompt, tiny_config, tiny_model
 
 FAMILIES = ["llama", "qwen2", "gpt2", "mistral"]
@@ -86,7 +86,7 @@ def test_probe_refuses_attention_that_ignores_the_custom_mask():
 def test_probe_refuses_a_tree_forward_that_returns_the_wrong_number_of_states(monkeypatch):
     """Checked before any state is compared, so the refusal says what is wrong. Catches (planted): the count checked
     beside the first row's difference, which refused with "differs ... by 0 of the largest entry"."""
-    import selfspec.tree_forward as module
+    import selfspec.tree.forward as module
 
     real = module.tree_forward
     monkeypatch.setattr(module, "tree_forward", lambda *args: real(*args)[:-2])
@@ -218,7 +218,7 @@ def tree_around(truth, g):
 @torch.no_grad()
 def test_greedy_decoding_with_tree_drafts_equals_generate(family):
     """The pieces in the order the decode loop will call them: tree forward, verify, keep_path, feed back."""
-    from selfspec.tree_verifier import verify_tree_greedy
+    from selfspec.tree.verifier import verify_tree_greedy
 
     target = wrapped(family)
     prompt = random_prompt(8, seed=6)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from selfspec import Draft, SelfSpecModel
-from selfspec.draft_length import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
+from selfspec.draft_length.policy import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
 from selfspec.target import TargetModel
 from selfspec.drafters import MedusaDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -65,10 +65,10 @@ def test_measured_cost_curve_keeps_the_fastest_round_and_pools_violations(monkey
     Catches (planted): the slowest round kept instead of the fastest; a running maximum instead of pooling."""
     import types
 
-    import selfspec.verify_cost
+    import selfspec.draft_length.verify_cost
 
     clock = ScriptedClock()
-    monkeypatch.setattr(selfspec.verify_cost, "time", types.SimpleNamespace(perf_counter=clock))
+    monkeypatch.setattr(selfspec.draft_length.verify_cost, "time", types.SimpleNamespace(perf_counter=clock))
     base = [0.010, 0.012, 0.014, 0.016, 0.019, 0.017, 0.022, 0.024, 0.026]  # seconds for k = 0 .. 8
     extra = {(0, k): 0.5 for k in range(9)} | {(2, 3): 0.050}  # warm-up round; one slow forward in round 2
     target = _ScriptedTarget(TargetModel(tiny_model("llama")), clock, base, extra)

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-import selfspec.verify_cost as verify_cost
+import selfspec.draft_length.verify_cost as verify_cost
 from selfspec import SelfSpecModel
-from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, cache_dir, cost_key, prior_verify_cost
+from selfspec.draft_length.verify_cost import LearnedVerifyCost, VerifyCost, cache_dir, cost_key, prior_verify_cost
 from selfspec.target import TargetModel
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 
@@ -214,7 +214,7 @@ def test_the_key_names_dtype_and_threads():
 def test_the_key_names_the_kernels_version(monkeypatch):
     """A curve learned with one version of the few-row kernel is not read with another (round 15's kernel verifies 8
     drafts for about a decode where round 14's took ~1.3)."""
-    import selfspec.few_row_linear as frl
+    import selfspec.kernel.few_row_linear as frl
 
     target = TargetModel(tiny_model("llama"))
     key, without = cost_key(target, few_row_kernel=True), cost_key(target)
@@ -240,7 +240,7 @@ def test_an_engine_with_the_few_row_kernel_keeps_its_own_curve():
 @pytest.mark.parametrize("one_row", [False, True])
 def test_plain_decodings_route_is_measured_once_per_model_and_kept(monkeypatch, one_row):
     from selfspec import SelfSpecModel
-    from selfspec.few_row_linear import FewRowLinears
+    from selfspec.kernel.few_row_linear import FewRowLinears
 
     measured = []
     monkeypatch.setattr(FewRowLinears, "one_row_pays", lambda self: measured.append(1) or one_row)
@@ -282,7 +282,7 @@ def test_a_broken_cache_file_falls_back_to_the_prior(content):
 def test_the_key_names_the_attention_path(monkeypatch):
     """A curve learned before the engine read grouped key/value heads in place (round 19: masked blocks cheaper on
     CPU) is not read after it."""
-    import selfspec.verify_cost as vc
+    import selfspec.draft_length.verify_cost as vc
 
     target = TargetModel(tiny_model("llama"))
     key = cost_key(target)

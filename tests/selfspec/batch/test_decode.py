@@ -7,14 +7,14 @@ import torch
 
 from heads import MedusaHeads
 from selfspec import SelfSpecModel
-from selfspec.batch import is_prompt_batch
+from selfspec.batch.decode import is_prompt_batch
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.sampling import SamplingConfig
 from tests.selfspec.scripted_time import scripted_batch_clock
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, sharpened, trained_heads
-from tests.selfspec.test_eagle import sharp, trained_head
+from tests.selfspec.drafters.test_eagle import sharp, trained_head
 
 
 def prompts_of_different_lengths():
@@ -237,11 +237,11 @@ def test_a_list_of_one_prompt_decodes_as_one_sequence(monkeypatch):
     """No ragged cache for a batch of one: the single-sequence loop, the same tokens (greedy, and sampled with the
     seed row 0 would get), its stats as the row's and the total. Catches (planted): the shortcut removed (the spy
     sees a RaggedCache); row 0 given seed + 1."""
-    import selfspec.batch
+    import selfspec.batch.decode
 
     made = []
-    real = selfspec.batch.RaggedCache
-    monkeypatch.setattr(selfspec.batch, "RaggedCache", lambda *a, **kw: made.append(1) or real(*a, **kw))
+    real = selfspec.batch.decode.RaggedCache
+    monkeypatch.setattr(selfspec.batch.decode, "RaggedCache", lambda *a, **kw: made.append(1) or real(*a, **kw))
     spec = engine("llama", "ngram")
     greedy = dict(max_new_tokens=20, num_draft_tokens=3, eos_token_id=[])
     stats = []
@@ -349,7 +349,7 @@ def test_tree_drafts_are_refused_for_batches():
 def test_a_wrapper_drafting_auto_trees_decodes_batches_as_chains(monkeypatch):
     """The default, tree_size="auto", drafts trees for one prompt where they pay; a batch from the same wrapper
     drafts chains (not refused), each row generate's tokens. Catches (planted): the refusal kept for "auto"."""
-    from tests.selfspec.test_tree_engine import kernel_cpu
+    from tests.selfspec.tree.test_tree_engine import kernel_cpu
 
     kernel_cpu(monkeypatch)  # "auto" as on a CPU with the few-row kernel, on a float64 model
     model = sharp(tiny_model("llama"))
@@ -369,7 +369,7 @@ def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():
     Catches (planted): caps from the budget only."""
     from types import SimpleNamespace
 
-    from selfspec.batch import _draft_lengths
+    from selfspec.batch.decode import _draft_lengths
 
     class Planner:
         def choose(self, rows):

@@ -8,8 +8,8 @@ from the batch's own timings. Knows no model, cache, drafter or clock: the loop 
 """
 from __future__ import annotations
 
-from selfspec.draft_length import AdaptiveDraftLength, ProbeSchedule, StepOverhead
-from selfspec.verify_cost import (  # noqa: F401  (straight: re-exported, it lived here before round 14)
+from selfspec.draft_length.policy import AdaptiveDraftLength, ProbeSchedule, StepOverhead
+from selfspec.draft_length.verify_cost import (  # noqa: F401  (straight: re-exported, it lived here before round 14)
     LearnedVerifyCost, VerifyCost, batch_cost_curve, clipped, straight,
 )
 

@@ -14,16 +14,16 @@ from heads import EagleHead, MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.drafters.base import Draft, DraftContext
-from selfspec.tree_forward import resolve_min_node_probability, resolve_tree_size
+from selfspec.tree.forward import resolve_min_node_probability, resolve_tree_size
 from selfspec.sampling import SamplingConfig
-from selfspec.tree_verifier import try_sampled_child, walk_tree
+from selfspec.tree.verifier import try_sampled_child, walk_tree
 from tests.conftest import random_prompt, tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue
 from tests.selfspec.exactness import randomized_medusa as shared_randomized_medusa
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
-from tests.selfspec.test_eagle import randomized_head, sharp, trained_head
-from tests.selfspec.test_tree_forward import causal_only_attention
-from tests.selfspec.test_tree_verifier import distinct_no_renormalise
+from tests.selfspec.drafters.test_eagle import randomized_head, sharp, trained_head
+from tests.selfspec.tree.test_forward import causal_only_attention
+from tests.selfspec.tree.test_verifier import distinct_no_renormalise
 
 
 class TreeSpy:
@@ -195,7 +195,7 @@ def test_a_node_floor_drops_exactly_the_nodes_at_or_below_it(drafter, monkeypatc
     its parent and no node above p is lost. Catches (planted): the floor ignored by the drafter (nothing dropped)."""
     from dataclasses import replace
 
-    from selfspec.drafters import tree_select
+    from selfspec.tree import select as tree_select
 
     kept_scores, best = [], tree_select.TreeCandidates.best
 
@@ -350,7 +350,7 @@ def test_auto_learns_the_nodes_each_tree_depth_verified(monkeypatch):
     """The engine tells an "auto" policy the nodes each tree step verified (`observe(depth, ..., verified=nodes)`),
     and tells it nothing of the kind for chains; a fixed draft length with trees takes no such argument. Catches
     (planted): the step's depth passed as its nodes, nodes withheld, nodes passed to a fixed policy (TypeError)."""
-    from selfspec.draft_length import AdaptiveDraftLength
+    from selfspec.draft_length.policy import AdaptiveDraftLength
 
     model = sharp(tiny_model("llama"))
     heads = trained_head(model)
@@ -405,9 +405,9 @@ def test_chain_drafters_keep_proposing_chains_with_tree_size():
 def kernel_cpu(monkeypatch):
     """Make "auto" see a CPU whose products run through the few-row kernel (where its trees were measured) for a
     float64 model, whose argmax numerical noise cannot flip."""
-    import selfspec.tree_forward
+    import selfspec.tree.forward
 
-    monkeypatch.setattr(selfspec.tree_forward, "_kernel_cpu", lambda device, few_row_kernel: True)
+    monkeypatch.setattr(selfspec.tree.forward, "_kernel_cpu", lambda device, few_row_kernel: True)
 
 
 def test_auto_drafts_chains_where_trees_were_not_measured_or_cannot_be_built(monkeypatch):
@@ -449,14 +449,14 @@ def test_auto_drafts_chains_where_trees_were_not_measured_or_cannot_be_built(mon
 def test_auto_drafts_chains_where_the_tree_probe_fails_otherwise(monkeypatch):
     """A family whose tree forward raises something the probe does not translate (here an IndexError): "auto" keeps
     chains, saying why, rather than failing a wrapper that chains would run; an explicit size raises it."""
-    import selfspec.tree_forward
+    import selfspec.tree.forward
 
     kernel_cpu(monkeypatch)
 
     def broken(*args, **kwargs):
         raise IndexError("no such layer")
 
-    monkeypatch.setattr(selfspec.tree_forward, "tree_forward", broken)
+    monkeypatch.setattr(selfspec.tree.forward, "tree_forward", broken)
     model = sharp(tiny_model(seed=2))
     spec = SelfSpecModel(model, heads=trained_head(model))
     assert spec.tree_size == 0 and "IndexError: no such layer" in spec.chain_reason

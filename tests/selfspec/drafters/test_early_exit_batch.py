@@ -5,14 +5,14 @@ every layer are plain decoding's. (Greedy and sampled rows across families with 
 import pytest
 import torch
 
-import selfspec.batch_cache
+import selfspec.batch.cache
 from selfspec import SelfSpecModel
-from selfspec.batch_draft_length import BatchDraftLength
-from selfspec.verify_cost import VerifyCost
+from selfspec.draft_length.batch import BatchDraftLength
+from selfspec.draft_length.verify_cost import VerifyCost
 from tests.selfspec.exercised import assert_exercised, exit_confidences, greedy_sequences
 from tests.selfspec.scripted_time import scripted_batch_clock
-from tests.selfspec.test_batch import alone, early_exit_model, prompts_of_different_lengths
-from tests.selfspec.test_early_exit import randomized_adapter
+from tests.selfspec.batch.test_decode import alone, early_exit_model, prompts_of_different_lengths
+from tests.selfspec.drafters.test_early_exit import randomized_adapter
 
 
 @pytest.mark.parametrize("family", ["gpt2", "gemma"])
@@ -79,14 +79,14 @@ def test_after_every_step_each_rows_cache_holds_plain_decodings_keys_and_values(
     prompts = prompts_of_different_lengths()
     model = early_exit_model("qwen2")
     snapshots = []
-    commit = selfspec.batch_cache.RaggedCache.commit
+    commit = selfspec.batch.cache.RaggedCache.commit
 
     def recording_commit(cache, kept):
         commit(cache, kept)
         snapshots[-1].append((cache.lengths.clone(), [(layer.keys.clone(), layer.values.clone())
                                                       for layer in cache.hf_cache.layers]))
 
-    monkeypatch.setattr(selfspec.batch_cache.RaggedCache, "commit", recording_commit)
+    monkeypatch.setattr(selfspec.batch.cache.RaggedCache, "commit", recording_commit)
     spec = SelfSpecModel(model, drafter="early_exit", exit_layer=1)
     stats, probed_and_drafted = [], False
     for k in (3, "auto"):
@@ -94,7 +94,7 @@ def test_after_every_step_each_rows_cache_holds_plain_decodings_keys_and_values(
         snapshots.append([])
         out = spec.generate(prompts, seed=3, **options)
         with monkeypatch.context() as alone_commits:  # (alone, nothing is recorded)
-            alone_commits.setattr(selfspec.batch_cache.RaggedCache, "commit", commit)
+            alone_commits.setattr(selfspec.batch.cache.RaggedCache, "commit", commit)
             for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
                 assert torch.equal(got, alone(spec, prompt, seed=3 + i, **options)), (k, i)
         stats += out.row_stats

@@ -17,8 +17,8 @@ from selfspec.target import TargetModel
 from selfspec.verify_step import verify_chain
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised
-from tests.selfspec.test_batch import row_zero_stops_early
-from tests.selfspec.test_eagle import sharp, trained_head
+from tests.selfspec.batch.test_decode import row_zero_stops_early
+from tests.selfspec.drafters.test_eagle import sharp, trained_head
 
 GREEDY = SamplingConfig()
 SAMPLED = SamplingConfig(do_sample=True, temperature=0.8, top_k=20)
@@ -202,12 +202,12 @@ def test_a_step_where_no_row_drafts_runs_no_head_forward(model_and_head, monkeyp
     """Every third step no row drafts (as under the batch width at w = 0): the head is not run then, the rows' states
     wait, and the next proposal catches up on all of them at once; every row still equals its prompt alone. Catches
     (planted): the batched drafter asked on steps where no row drafts (one head forward per such step)."""
-    import selfspec.batch
+    import selfspec.batch.decode
 
     model, head = model_and_head
     spec = SelfSpecModel(model, heads=head)
     prompts = prompts_of_different_lengths()
-    steps, draft_lengths = [], selfspec.batch._draft_lengths
+    steps, draft_lengths = [], selfspec.batch.decode._draft_lengths
 
     def every_third_step_none(rows, planner):
         steps.append(len(steps) % 3 != 2)
@@ -219,7 +219,7 @@ def test_a_step_where_no_row_drafts_runs_no_head_forward(model_and_head, monkeyp
         forwards.append(len(steps))
         return forward(self, features, *args, **kwargs)
 
-    monkeypatch.setattr(selfspec.batch, "_draft_lengths", every_third_step_none)
+    monkeypatch.setattr(selfspec.batch.decode, "_draft_lengths", every_third_step_none)
     monkeypatch.setattr(EagleHead, "forward", counted)
     options = dict(max_new_tokens=30, num_draft_tokens=3, eos_token_id=[])
     out = spec.generate(prompts, **options)

@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from selfspec.sampling import greedy_tokens, sample_from
-from selfspec.tree import DISTINCT, DraftTree
+from selfspec.tree.draft_tree import DISTINCT, DraftTree
 from selfspec.verifier import normalised_or
 
 

@@ -3,8 +3,8 @@ rejected in between; the mask and positions are exactly each row's own; finished
 import pytest
 import torch
 
-from selfspec.batch import _forward_block, _pad
-from selfspec.batch_cache import RaggedCache
+from selfspec.batch.decode import _forward_block, _pad
+from selfspec.batch.cache import RaggedCache
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.target import TargetModel
 from tests.conftest import column_bytes, random_prompt, tiny_model

@@ -3,23 +3,23 @@ it, within each row's budget, probing when off, learning its costs from the batc
 it changes how fast, never which tokens (greedy rows equal each prompt alone), and it is used only when no seed asks
 for rows that plan alone.
 
-Each test names the planted bugs it caught (planted in selfspec/batch_draft_length.py or selfspec/batch.py, seen to
+Each test names the planted bugs it caught (planted in selfspec/draft_length/batch.py or selfspec/batch/decode.py, seen to
 fail, reverted)."""
 import pytest
 import torch
 
-import selfspec.batch
+import selfspec.batch.decode
 from selfspec import SelfSpecModel
-from selfspec.batch_draft_length import BatchDraftLength
-from selfspec.draft_length import AdaptiveDraftLength, StepOverhead
+from selfspec.draft_length.batch import BatchDraftLength
+from selfspec.draft_length.policy import AdaptiveDraftLength, StepOverhead
 from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig
-from selfspec.verify_cost import BATCH_CURVE_SIZE, LearnedVerifyCost, VerifyCost, batch_cost_curve, prior_verify_cost
+from selfspec.draft_length.verify_cost import BATCH_CURVE_SIZE, LearnedVerifyCost, VerifyCost, batch_cost_curve, prior_verify_cost
 from tests.conftest import tiny_model
 from tests.selfspec.exactness import exact_continuation_law, law_pvalue
 from tests.selfspec.exercised import RecordingDrafter, assert_exercised, greedy_sequences
 from tests.selfspec.scripted_time import scripted_batch_clock
-from tests.selfspec.test_batch import engine, prompts_of_different_lengths
+from tests.selfspec.batch.test_decode import engine, prompts_of_different_lengths
 
 CPU_LIKE = VerifyCost(tuple(1 + 0.15 * k for k in range(9)))  # linear: one more token costs 0.15 of a decode
 NEARLY_FLAT = VerifyCost(tuple(1 + 0.01 * k for k in range(9)))  # a large GPU: dozens of tokens cost about one
@@ -315,7 +315,7 @@ class _Recorded:
                 self.rows = rows  # the latest step's (row policy, cap)
                 return width
 
-        monkeypatch.setattr(selfspec.batch, "BatchDraftLength", Recording)
+        monkeypatch.setattr(selfspec.batch.decode, "BatchDraftLength", Recording)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle"])

@@ -11,8 +11,8 @@ import itertools
 import pytest
 import torch
 
-from selfspec.tree import DISTINCT, SAMPLED, DraftTree
-from selfspec.tree_verifier import (
+from selfspec.tree.draft_tree import DISTINCT, SAMPLED, DraftTree
+from selfspec.tree.verifier import (
     TreeVerdict,
     try_distinct_child,
     try_sampled_child,

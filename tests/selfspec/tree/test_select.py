@@ -1,10 +1,10 @@
-"""Which nodes make a tree (`selfspec/drafters/tree_select.py`): the N most probable candidates, and with a floor
+"""Which nodes make a tree (`selfspec/tree/select.py`): the N most probable candidates, and with a floor
 only those above it; what is kept is always a tree (every kept node's parent kept before it)."""
 import math
 
 import torch
 
-from selfspec.drafters.tree_select import ROOT, TreeCandidates, score_floor
+from selfspec.tree.select import ROOT, TreeCandidates, score_floor
 
 
 def candidates():

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from selfspec.tree import DISTINCT, SAMPLED, DraftTree
+from selfspec.tree.draft_tree import DISTINCT, SAMPLED, DraftTree
 
 
 def tree(parents, tokens=None, **kwargs):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from selfspec.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
+from selfspec.draft_length.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
     VerifyCost, _non_decreasing, clipped, measure_verify_cost,
 )
 

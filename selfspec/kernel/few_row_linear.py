@@ -8,7 +8,7 @@ from memory once and multiplied by every row of x, slice by slice in L1, while t
 2-8 rows it costs about one row's time, over 16 rows 1.1-1.8x, over 32 1.6-2.9x (F.linear: 1.8-2.9x, 2.2-3.5x,
 2.7-5.3x; rounds 13-14's kernel 1.2-1.5x over 8 rows, 1.7-2.3x over 16; round 15, a microbenchmark of SmolLM2's
 shapes as in `examples/adhoc/r13_few_row_kernel.py`; the kernel's own comment). It is C
-(selfspec/kernels/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory,
+(selfspec/kernel/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory,
 for AVX-512 where the CPU has it and AVX2 + FMA otherwise (round 18's Intel Xeon: the AVX-512 build 0.8-0.9x of the
 AVX2 build's time over 4-32 rows), and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86
 CPU, everything runs through F.linear as before.
@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from selfspec.attention_backends import each_resumption
+from selfspec.cache_dir import cache_dir
 
 # One row stays on BLAS (plain decoding unchanged). 32: what this CPU's batches and trees use (batch 8 at w <= 3,
 # trees of up to 31 nodes), where the kernel was measured faster (round 15's AMD EPYC: still 0.6-0.8x of F.linear's
@@ -66,7 +67,7 @@ MIN_ROWS, MAX_ROWS = 2, 32
 # Plain decoding's one-row products go through the kernel too where it measures at most this fraction of F.linear's
 # time (`one_row_pays`): a clear gain, not a coin toss between two equal paths on a noisy machine.
 ONE_ROW_GAIN = 0.9
-SOURCE = Path(__file__).parent / "kernels" / "few_row_linear.c"
+SOURCE = Path(__file__).parent / "few_row_linear.c"
 FLAGS = ["-O3", "-shared", "-fPIC"]
 # The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (round 18's Intel
 # Xeon: 4-32 rows 0.8-0.9x of the AVX2 build's time, the same at 1-2 rows), else AVX2 + FMA.
@@ -384,8 +385,6 @@ def _library(path: Path) -> ctypes.CDLL:
 
 
 def _build(compiler: str, isa_flags: list[str]) -> Path:
-    from selfspec.verify_cost import cache_dir
-
     source, flags = SOURCE.read_bytes(), [*FLAGS, *isa_flags]
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"

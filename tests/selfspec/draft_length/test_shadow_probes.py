@@ -11,14 +11,14 @@ import random
 import pytest
 import torch
 
-import selfspec.verify_cost as verify_cost
+import selfspec.draft_length.verify_cost as verify_cost
 from selfspec import SelfSpecModel
-from selfspec.batch_draft_length import BatchDraftLength
-from selfspec.draft_length import AdaptiveDraftLength
+from selfspec.draft_length.batch import BatchDraftLength
+from selfspec.draft_length.policy import AdaptiveDraftLength
 from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig, logits_to_probs
 from selfspec.verifier import probe_accepted
-from selfspec.verify_cost import LearnedVerifyCost, VerifyCost, prior_verify_cost
+from selfspec.draft_length.verify_cost import LearnedVerifyCost, VerifyCost, prior_verify_cost
 from tests.conftest import VOCAB, random_prompt, tiny_model
 
 
@@ -249,7 +249,7 @@ def test_heads_drafting_between_shadow_probes_stay_exact(drafter):
     head's keys and values; both drafters catch up on the states committed since their last proposal): greedy output
     stays the model's own, with real drafts accepted and rejected between the probes."""
     from tests.selfspec.exercised import assert_exercised, greedy_sequences
-    from tests.selfspec.test_batch import engine, prompts_of_different_lengths
+    from tests.selfspec.batch.test_decode import engine, prompts_of_different_lengths
 
     spec = engine("llama", drafter)
     for prompt in prompts_of_different_lengths()[:2]:

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 import torch.nn.utils.prune as prune
 
 from selfspec import SelfSpecModel
-from selfspec import few_row_linear as frl
-from selfspec.few_row_linear import FewRowLinears, resolve_few_row_kernel
-from selfspec.verify_cost import cache_dir
+from selfspec.kernel import few_row_linear as frl
+from selfspec.kernel.few_row_linear import FewRowLinears, resolve_few_row_kernel
+from selfspec.cache_dir import cache_dir
 from tests.conftest import random_prompt, tiny_model
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
 
@@ -362,7 +362,7 @@ def test_engine_output_on_two_threads_is_its_greedy_output(kernel_on_threads, co
 def test_a_tree_projects_its_draft_vocabulary_through_the_kernel(counting_kernel):
     # A tree's levels project several rows onto the draft vocabulary's LM head rows at once: the engine routes that
     # product (the LM head's rows as a layer of their own) as it routes the heads', and the output is unchanged.
-    from tests.selfspec.test_eagle import randomized_head
+    from tests.selfspec.drafters.test_eagle import randomized_head
 
     model = tiny_model("llama", dtype=torch.float32)
     draft_vocab = torch.arange(3, 43)  # 40 of the 96 ids
@@ -387,7 +387,7 @@ def test_bfloat16_drafts_are_verified_exactly(counting_kernel, tree_size):
     # The drafter's weights in bfloat16 change its drafts, never the output: greedy equals the model's generate (a
     # float32 model, so only the verify forwards' summation order differs from it, as with the kernel alone), with
     # drafts proposed, accepted and rejected, and the drafter's products through the bfloat16 entry point.
-    from tests.selfspec.test_eagle import randomized_head
+    from tests.selfspec.drafters.test_eagle import randomized_head
 
     model = tiny_model("llama", dtype=torch.float32)
     prompts = [random_prompt(9, seed=1), random_prompt(14, seed=2)]
