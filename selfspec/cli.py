@@ -208,7 +208,9 @@ def _add_generate(commands) -> None:
                           help="sample from the smallest set of tokens holding probability P (implies sampling); "
                           "default: no limit")
     decoding.add_argument("--seed", type=_seed, metavar="S",
-                          help="random seed, for reproducible sampling; default: fresh randomness each run")
+                          help="random seed: the sampled tokens are a function of the seed and the prompt alone, identical "
+                          "with any drafter, draft length or tree (and with --drafter none); default: fresh "
+                          "randomness each run")
     decoding.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="K",
                           help="draft tokens verified per step, or auto; default: auto, which picks k each step from "
                           "the drafts' recent acceptance and this device's cost of verifying k (kept in "

@@ -27,6 +27,7 @@ from selfspec.inputs import (
     apply_chat_template, check_id_dtype, check_lengths, check_prompt_form, check_tokenizer, is_chat, unpadded_prompts,
 )
 from selfspec.sampling import SamplingConfig, draw
+from selfspec.seeded import keyed_noise
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings, eos_ids
 from selfspec.streaming import TokenStream, feed_streamer
@@ -34,7 +35,7 @@ from selfspec.target import TargetModel
 from selfspec.tree.forward import choose_tree_size, resolve_min_node_probability
 from selfspec.verifier import Verdict
 from selfspec.draft_length.verify_cost import (
-    LearnedVerifyCost, kept_one_row, learned_batch_verify_cost, learned_verify_cost, prior_verify_cost,
+    LearnedVerifyCost, kept_one_row, learned_batch_verify_cost, learned_verify_cost,
 )
 from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
 
@@ -70,12 +71,6 @@ class DecodeOptions:
         if not (generator is None or isinstance(generator, torch.Generator) or several):
             raise ValueError(f"generator must be a torch.Generator (for several prompts, a list of one per prompt), "
                              f"got {generator!r}; for a seed pass seed=... instead")
-
-    @property
-    def reproducible(self) -> bool:
-        """Sampling with a seed or generator asks for the same tokens on every run. Which tokens come out depends on
-        how many drafts each step verified, so then "auto" must choose k without timings (which vary run to run)."""
-        return self.sampling.do_sample and (self.seed is not None or self.generator is not None)
 
 
 @dataclass
@@ -316,9 +311,8 @@ class SelfSpecModel:
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
         stop = StopCondition(options.max_new_tokens, self._eos_ids(options.eos_token_id), strings)
-        generator = options.generator
-        if generator is None and options.seed is not None:
-            generator = torch.Generator(device=self.target.device).manual_seed(options.seed)
+        # With a seed (or a generator, which gives one seed per call) every draw is keyed by position (seeded.py)
+        generator = keyed_noise(options.seed, options.generator, self.target.vocab_size, self.target.device)
         recorder = StatsRecorder(self.drafter_bytes(), self.clock)
         pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
         return prompt, self.engine_steps(pieces), recorder.stats
@@ -332,16 +326,13 @@ class SelfSpecModel:
         return engine_attention(pieces, self.target.device)
 
     def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
-        """One sequence's draft-length policy (batches build one per row here too). Reproducible sampling plans from
-        acceptance and the prior curve only, so a seed gives the same k, hence the same tokens, on every run."""
+        """One sequence's draft-length policy (batches build one per row here too). It may plan from timings whatever
+        the sampling: with a seed the tokens do not depend on how many drafts a step verified (seeded.py)."""
         pricing = {"draft_cost": getattr(self.drafter, "draft_cost", 0.0)}  # a drafter's estimate, decodes per token
         if getattr(self.drafter, "max_draft_tokens", None):  # (Medusa: one token per head; priced past it before)
             pricing["max_draft_tokens"] = min(MAX_DRAFT_TOKENS, self.drafter.max_draft_tokens)
         if self.tree_size and hasattr(self.drafter, "max_tree_nodes"):  # a tree k deep verifies up to its node budget
             pricing["verified_tokens"] = lambda depth: self.drafter.max_tree_nodes(depth, self.tree_size)
-        if options.reproducible:
-            prior = lambda: prior_verify_cost(self.target.device)  # noqa: E731
-            return draft_length_policy(options.num_draft_tokens, prior, learn_step_cost=False, **pricing)
         return draft_length_policy(options.num_draft_tokens, self.verify_cost, learn_step_cost=learn_step_cost,
                                    **pricing)
 
@@ -356,7 +347,7 @@ class SelfSpecModel:
         recorder.start()
         hidden = target.forward(prompt, cache)  # [T, hidden]; the last row predicts the first new token
         unseen = [hidden]  # [num_new_i, hidden] pieces of final states the drafter has not seen yet, oldest first
-        first, _ = draw(target.logits(hidden[-1:]), sampling, generator)  # [1], as plain decoding chooses it
+        first, _ = draw(target.logits(hidden[-1:]), sampling, generator, prompt.shape[0])  # [1], as plain decoding
         next_token, num_tokens = int(first[0]), prompt.shape[0]
         emitted = stop.admit([next_token])
         recorder.prefilled(stop.num_emitted, cache.nbytes())

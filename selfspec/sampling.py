@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from selfspec.seeded import PositionNoise, add_noise
+
 # transformers' `generate` casts logits to float32 before any processor. Our sampling math runs in float32, or
 # wider when the model is wider (float64 test models), never narrower; greedy compares in float32 exactly as
 # `generate` does, so argmax ties fall where `generate` puts them.
@@ -185,17 +187,40 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return tokens.reshape(probs.shape[:-1])
 
 
-def draw(logits: torch.Tensor, sampling: SamplingConfig, generator: torch.Generator | None):
-    """[..., vocab] logits -> ([...] token ids, [..., vocab] probs they were sampled from, or None when greedy).
+def draw(logits: torch.Tensor, sampling: SamplingConfig, generator, positions=None):
+    """[..., vocab] logits -> ([...] token ids, [..., vocab] probs they were sampled from, or None when greedy or keyed).
 
-    The one place that chooses between greedy and sampled drawing: greedy takes `generate`'s argmax and reports
-    point masses (None); sampling warps as `generate` does and samples. The engine draws its own tokens with it and
-    every drafter draws its drafts with it, so draft and target are always warped alike.
+    The one place that chooses how a token is drawn: greedy takes `generate`'s argmax and reports point masses (None);
+    sampling warps as `generate` does and samples from `generator` (a torch.Generator or None: draws consumed in
+    order), or with a seed, `generator` is a `PositionNoise` and each row's token is its keyed draw at `positions`
+    (an int, or one per row: the sequence positions the tokens are for; `selfspec/seeded.py`), reported as a point
+    mass. The engine draws its own tokens with it and every drafter draws its drafts with it, so draft and target are
+    always warped alike.
     """
     if sampling.greedy:
         return greedy_tokens(logits), None
+    if isinstance(generator, PositionNoise):
+        return keyed_tokens(logits, sampling, generator, positions).reshape(logits.shape[:-1]), None
     probs = logits_to_probs(logits, sampling)
     return sample_from(probs, generator), probs
+
+
+def keyed_tokens(logits: torch.Tensor, sampling: SamplingConfig, noise: PositionNoise, positions,
+                 vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., N] logits (over `vocab_ids`, or the whole vocabulary) -> [rows] each row's keyed draw at its position
+    (`positions`: an int, or one per row), as ids into the logits' columns: argmax(warped logits + Gumbel noise)."""
+    if positions is None:
+        raise ValueError("a keyed draw (sampling with a seed) needs the sequence positions its tokens are for")
+    rows = logits.reshape(-1, logits.shape[-1])
+    return add_noise(warp_logits(rows, sampling), noise, positions, vocab_ids).argmax(dim=-1)
+
+
+def keyed_scores(logits: torch.Tensor, sampling: SamplingConfig, noise: PositionNoise, positions,
+                 vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """[rows, N] -> [rows, N] softmax of the warped logits plus each row's keyed noise: a drafter's confidence in each
+    token being the keyed draw at that position (its argmax is `keyed_tokens`). Ranks a tree's children under a seed."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    return add_noise(warp_logits(rows, sampling), noise, positions, vocab_ids).softmax(dim=-1)
 
 
 def top_probability(logits: torch.Tensor, probs: torch.Tensor | None) -> torch.Tensor:

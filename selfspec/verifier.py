@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.sampling import WarpedRows, greedy_tokens, sample_from
+from selfspec.sampling import SamplingConfig, WarpedRows, greedy_tokens, keyed_tokens, sample_from
+from selfspec.seeded import PositionNoise
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,20 @@ def accept_greedy(draft_tokens: list[int], target_tokens: list[int]) -> Verdict:
             break
         num_accepted += 1
     return Verdict(num_accepted, target_tokens[num_accepted])
+
+
+def verify_keyed(draft_tokens: torch.Tensor, target_logits: torch.Tensor, sampling: SamplingConfig,
+                 noise: PositionNoise, first_position: int) -> Verdict:
+    """Sampling with a seed (`selfspec/seeded.py`): the target's token at each position is its keyed draw there; keep
+    drafts while they equal it, the next token is the draw after them. Row i of target_logits [num_draft_tokens + 1,
+    vocab] decides sequence position first_position + i; rows after the first mismatch are never warped. The tokens
+    are plain keyed sampling's whatever was drafted, so their law is the target's."""
+    draft_list = draft_tokens.tolist()
+    for i in range(len(draft_list) + 1):
+        target_token = int(keyed_tokens(target_logits[i], sampling, noise, first_position + i)[0])
+        if i == len(draft_list) or draft_list[i] != target_token:
+            return Verdict(i, target_token)
+    raise AssertionError("unreachable")
 
 
 def verify_sampled(

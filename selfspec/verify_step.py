@@ -11,21 +11,26 @@ import torch
 
 from selfspec.drafters.base import Draft
 from selfspec.sampling import SamplingConfig, WarpedRows
+from selfspec.seeded import PositionNoise
 from selfspec.tree.draft_tree import DraftTree
 from selfspec.tree.cache import keep_path, path_offsets
 from selfspec.tree.forward import tree_forward
-from selfspec.tree.verifier import verify_tree_greedy, verify_tree_sampled
-from selfspec.verifier import Verdict, accept_greedy, probe_accepted, verify_greedy, verify_sampled
+from selfspec.tree.verifier import verify_tree_greedy, verify_tree_keyed, verify_tree_sampled
+from selfspec.verifier import Verdict, accept_greedy, probe_accepted, verify_greedy, verify_keyed, verify_sampled
 
 
-def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator,
+def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator, first_position: int,
            target_tokens: list[int] | None = None) -> Verdict:
-    """A chain's verdict. target_tokens: greedy, the target's argmax at each row of target_logits when the caller
-    took it already (a batch, for all its rows in one call); None: taken here."""
+    """A chain's verdict; row 0 of target_logits decides sequence position `first_position` (the pending token's
+    index + 1). target_tokens: greedy, the target's argmax at each row of target_logits when the caller took it
+    already (a batch, for all its rows in one call); None: taken here. A `PositionNoise` generator (a seed): the keyed
+    verifier; a torch.Generator or None: rejection sampling."""
     if sampling.greedy:
         if target_tokens is not None:
             return accept_greedy(draft.tokens.tolist(), target_tokens)
         return verify_greedy(draft.tokens, target_logits)
+    if isinstance(generator, PositionNoise):
+        return verify_keyed(draft.tokens, target_logits, sampling, generator, first_position)
     return verify_sampled(draft.tokens, draft.probs, WarpedRows(target_logits, sampling), generator)
 
 
@@ -34,20 +39,20 @@ def verify_chain(target, pending, draft: Draft, num_tokens: int, cache, sampling
     verify_ids = torch.cat([pending, draft.tokens])  # [k + 1]
     # [k + 1, hidden]; an early-exit draft already ran the first layers over verify_ids: resume after them
     hidden_all = target.forward(verify_ids, cache, draft.prefilled_layers, draft.prefilled_hidden)
-    verdict = verify(draft, target.logits(hidden_all), sampling, generator)
+    verdict = verify(draft, target.logits(hidden_all), sampling, generator, num_tokens)
     cache.rollback(num_tokens + verdict.num_accepted)  # keep pending + accepted; drop rejected drafts
     return verdict, draft.tokens[: verdict.num_accepted], hidden_all[: verdict.num_accepted + 1]
 
 
 def score_probe(probe: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator,
-                uniform: float) -> tuple[Verdict, bool]:
+                uniform: float, first_position: int) -> tuple[Verdict, bool]:
     """target_logits [1, vocab]: the target's scores after the pending token, from a forward over it alone ->
     (plain decoding's verdict: no draft accepted, the next token drawn exactly as a step without drafts draws it, from
     `generator`; whether the verifier would have accepted the probe's one token: greedy, it is the argmax; sampled,
     u < p / q with u = `uniform`, never a draw from the user's generator)."""
     token = int(probe.tokens[0])
-    if sampling.greedy:
-        verdict = verify_greedy(probe.tokens[:0], target_logits)
+    if sampling.greedy or isinstance(generator, PositionNoise):  # the probe is accepted when it is the next token
+        verdict = verify(Draft(probe.tokens[:0]), target_logits, sampling, generator, first_position)
         return verdict, token == verdict.next_token
     target_probs = WarpedRows(target_logits, sampling)  # row 0 is warped once, for the draw and for the score
     verdict = verify_sampled(probe.tokens[:0], None, target_probs, generator)
@@ -67,7 +72,7 @@ def verify_in_shadow(target, pending, probe: Draft, num_tokens: int, cache, samp
     hidden = target.forward(pending, cache, probe.prefilled_layers, start_hidden)  # [1, hidden]
     if probe.prefilled_layers:
         cache.rollback(num_tokens)  # committed + pending; drops the probe token from the first layers
-    verdict, accepted = score_probe(probe, target.logits(hidden), sampling, generator, uniform)
+    verdict, accepted = score_probe(probe, target.logits(hidden), sampling, generator, uniform, num_tokens)
     return verdict, probe.tokens[:0], hidden, accepted
 
 
@@ -78,6 +83,8 @@ def verify_tree(target, pending, tree: DraftTree, num_tokens: int, cache, sampli
     target_logits = target.logits(hidden_all)  # [num_nodes + 1, vocab]
     if sampling.greedy:
         verdict = verify_tree_greedy(tree, target_logits)
+    elif isinstance(generator, PositionNoise):
+        verdict = verify_tree_keyed(tree, target_logits, sampling, generator, num_tokens)
     else:  # DISTINCT children need no draft_probs; SAMPLED ones carry theirs in the tree
         verdict = verify_tree_sampled(tree, WarpedRows(target_logits, sampling), generator)
     rows = path_offsets(verdict.accepted_nodes)  # [num_accepted + 1] rows of pending + the accepted path

@@ -10,16 +10,14 @@ rows); so does early exit (`drafters/early_exit_batch.py`: one pass of the first
 the batch's cache, whose work the verify forward then resumes after, as alone); Medusa runs its heads once for all
 rows (`propose_rows`); n-gram and a user's drafter propose row by row.
 
-How many tokens each row drafts: with num_draft_tokens="auto" and no seed, one width for the whole batch
-(`BatchDraftLength`: each row's acceptance, the padded forward's cost learned from the batch's timings), which changes
-how fast, never what (greedy rows and unseeded sampling have no per-row draws to keep). When sampling with a seed or
-generator each row plans alone from its acceptance and the prior curve (its tokens must not depend on its neighbours
-or timings); an int is every row's fixed k.
+How many tokens each row drafts: with num_draft_tokens="auto", one width for the whole batch (`BatchDraftLength`:
+each row's acceptance, the padded forward's cost learned from the batch's timings), which changes how fast, never
+what: greedy rows have no draws, seeded rows' draws are keyed by position (`seeded.py`), and unseeded sampling's
+law does not depend on k. An int is every row's fixed k.
 
 Why a row's output equals its output alone: its queries see exactly its own committed entries and block (the cache's
-mask), at its own positions; its random draws come from its own generator in the same order (first token, then per
-step its drafter's draws and the verifier's); seeded, its draft length comes from its own policy. Greedy rows are
-therefore token-identical to decoding alone, sampled rows with a seed per row (seed s: row i is seeded s + i) too.
+mask), at its own positions; seeded, its draws are keyed by (its seed, position) alone. Greedy rows are therefore
+token-identical to decoding alone, sampled rows with a seed too (seed s: row i samples as seed s + i alone).
 
 A list of one prompt decodes as one sequence (the engine's own loop: no ragged cache, nothing refused).
 
@@ -45,6 +43,7 @@ from selfspec.drafters.eagle_batch import BatchEagleDrafter
 from selfspec.drafters.early_exit_batch import BatchEarlyExitDrafter
 from selfspec.inputs import check_lengths, is_chat
 from selfspec.sampling import SamplingConfig, draw, greedy_tokens
+from selfspec.seeded import PositionNoise
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
 from selfspec.verify_step import score_probe, verify
@@ -109,7 +108,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     for prompt in prompts:
         check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
     drafters, batch_drafter = _row_drafters(spec.drafter, target, len(prompts))
-    generators = _row_generators(options, len(prompts), target.device)
+    generators = _row_generators(options, len(prompts), target.device, target.vocab_size)
     clock = _StepClock(spec.clock)
     eos_ids = spec._eos_ids(options.eos_token_id)
     rows = []
@@ -143,8 +142,10 @@ def _start_alone(spec, prompt_in, options):
     """A list of one prompt decodes as one sequence (the engine's own loop), its pieces tagged as row 0: the same
     tokens (row 0 gets the generator a batch would give it), without the ragged cache's work (measured on the
     reference model: a batch of one ran at 0.80x of decoding its prompt alone)."""
-    generator = _row_generators(options, 1, spec.target.device)[0]
-    prompt, pieces, stats = spec._start(prompt_in, replace(options, seed=None, generator=generator))
+    if isinstance(options.generator, (list, tuple)):  # one generator per prompt: this prompt's
+        _row_generators(options, 1, spec.target.device)  # (checks the list)
+        options = replace(options, generator=options.generator[0])
+    prompt, pieces, stats = spec._start(prompt_in, options)
     return [prompt], ([(0, tokens)] if tokens else [] for tokens in pieces), [stats], stats
 
 
@@ -229,7 +230,7 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
     emitted = []
     for r, (row, length) in enumerate(zip(rows, lengths)):
         row.unseen = [hidden[r, :length]]  # the drafter sees every prompt position
-        first, _ = draw(first_logits[r : r + 1], sampling, row.generator)  # [1]
+        first, _ = draw(first_logits[r : r + 1], sampling, row.generator, length)  # [1]
         row.next_token, row.num_tokens = int(first[0]), length
         tokens = row.stop.admit([row.next_token])
         if tokens:
@@ -264,9 +265,10 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     verdicts, probes = [], []  # probes[r]: None, or whether row r's probe would have been accepted
     for row, draft, probe, row_logits, tokens in zip(rows, drafts, probe_drafts, target_logits, target_tokens):
         if probe is None:
-            verdict, accepted = verify(draft, row_logits, sampling, row.generator, tokens), None
+            verdict, accepted = verify(draft, row_logits, sampling, row.generator, row.num_tokens, tokens), None
         else:
-            verdict, accepted = score_probe(probe, row_logits, sampling, row.generator, row.probe_rng.random())
+            verdict, accepted = score_probe(probe, row_logits, sampling, row.generator, row.probe_rng.random(),
+                                           row.num_tokens)
         verdicts.append(verdict)
         probes.append(accepted)
     cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
@@ -445,19 +447,21 @@ def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchDrafter | 
     return [drafter] * num_rows, None
 
 
-def _row_generators(options, num_rows: int, device) -> list:
-    """generator: a list (one per row), or one shared by all rows (an exact law, but then a row's tokens depend on its
-    neighbours); else seed s gives row i a generator seeded s + i; else the global generator."""
-    generator = options.generator
+def _row_generators(options, num_rows: int, device, vocab_size: int = 0) -> list:
+    """Each row's keyed noise (`seeded.py`): seed s gives row i the noise of seed s + i, so row i samples as decoding
+    it alone with seed s + i; a list of generators gives each row one seed drawn from its own, one generator gives
+    one seed s drawn from it, and row i then gets s + i; without either, None (torch's global generator)."""
+    generator, seed = options.generator, options.seed
     if isinstance(generator, (list, tuple)):
         if len(generator) != num_rows or not all(isinstance(g, torch.Generator) for g in generator):
             raise ValueError(f"generator: give one torch.Generator per prompt ({num_rows}), got {len(generator)} items")
-        return list(generator)
-    if generator is not None:
-        return [generator] * num_rows
-    if options.seed is not None:
-        return [torch.Generator(device=device).manual_seed(options.seed + i) for i in range(num_rows)]
-    return [None] * num_rows
+        if seed is None:
+            return [PositionNoise.from_generator(g, vocab_size, device) for g in generator]
+    elif generator is not None and seed is None:
+        seed = PositionNoise.from_generator(generator, vocab_size, device).seed
+    if seed is None:
+        return [None] * num_rows
+    return [PositionNoise(seed + i, vocab_size, device) for i in range(num_rows)]
 
 
 def _row_policy(spec, options):
@@ -471,8 +475,8 @@ def _batch_planner(spec, options) -> BatchDraftLength | None:
     """"auto" without a seed: one width for the batch, priced by this wrapper's batch curve (`batch_verify_cost`:
     what earlier batches timed, else a line through the one-sequence curve), which this batch refines, and overruled
     by the rates its batches measured (`batch_rates`). None (each
-    row's policy) for an int k, and for reproducible sampling, whose rows plan without timings."""
-    if options.num_draft_tokens != "auto" or options.reproducible:
+    row's policy) for an int k."""
+    if options.num_draft_tokens != "auto":
         return None
     return BatchDraftLength(cost_curve=spec.batch_verify_cost(), seen_shapes=spec._batch_shapes,
                             overhead=spec.batch_step_overhead(), rates=spec.batch_rates())

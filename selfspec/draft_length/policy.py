@@ -160,7 +160,7 @@ class AdaptiveDraftLength:
         real verification would be a full forward, the kind that teaches the cost curve; then not while the curve
         has still to time a forward verifying one draft (`LearnedVerifyCost.knows`), so a pessimistic start curve is
         corrected. An early-exit draft's verification resumes after its layers and teaches the curve nothing, and a
-        fixed curve (the prior of reproducible sampling) learns nothing from timings: their probes always are."""
+        fixed curve learns nothing from timings: their probes always are."""
         knows = getattr(self.cost_curve, "knows", None)
         return self.probes.probing and (not full_forward or knows is None or knows(1))
 

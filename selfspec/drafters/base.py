@@ -15,7 +15,8 @@ import torch
 
 from heads.draft_vocab import full_vocab_probs
 from selfspec.inputs import holds_integers
-from selfspec.sampling import SamplingConfig, draw, logits_to_probs, top_probability
+from selfspec.sampling import SamplingConfig, draw, keyed_scores, keyed_tokens, logits_to_probs, top_probability
+from selfspec.seeded import PositionNoise
 from selfspec.tree.draft_tree import DraftTree
 
 if TYPE_CHECKING:
@@ -33,7 +34,10 @@ class DraftContext:
     hidden_states: torch.Tensor
     num_draft_tokens: int  # the most tokens this step may propose (a drafter may propose fewer, even none)
     sampling: SamplingConfig
-    generator: torch.Generator | None
+    # Sampling's randomness: a torch.Generator (or None: torch's global one) whose draws are consumed in order, or with
+    # a seed a `PositionNoise`, whose draw for sequence position n is keyed by (seed, n) (`selfspec/seeded.py`);
+    # drafters pass it on through `draw_draft` / `top_draft_tokens` with each draft's depth.
+    generator: "torch.Generator | PositionNoise | None"
     target: "TargetModel"  # the shared model, for drafters that run part of it (early exit)
     cache: "KVCache"  # the shared cache; holds token_ids[:-1]
     # Node budget for a tree of draft tokens (`Draft.parents`); 0 = propose a chain. Drafters that cannot build trees
@@ -170,26 +174,42 @@ def _described(value) -> str:
     return f"a {type(value).__name__}"
 
 
-def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.Tensor | None = None):
+def draft_positions(context: DraftContext, depth) -> int | list[int]:
+    """The sequence positions of drafts `depth` levels after the pending token (0: the first draft token): an int for
+    every row alike, or a sequence with one depth per row of logits (Medusa's heads: row i is depth i)."""
+    first = context.token_ids.shape[0]  # the pending token is at first - 1
+    return first + depth if isinstance(depth, int) else [first + int(d) for d in depth]
+
+
+def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.Tensor | None = None, depth=0):
     """[..., N] draft logits (over `draft_vocab`, or the full vocabulary when it is None) -> ([...] token ids in the
     model's vocabulary, [..., vocab] draft_probs with zeros outside the draft vocabulary, or None when greedy).
+    depth: how far past the pending token the drafts are (an int, or one per row; `draft_positions`).
 
     Drafts are drawn by `sampling.draw`, warped as the target is; a draft vocabulary only narrows where draft mass
-    may sit, and the verifier returns the target's mass elsewhere through the residual."""
-    tokens, probs = draw(logits, context.sampling, context.generator)
+    may sit, and the verifier returns the target's mass elsewhere through the residual. With a seed, a draft is the
+    keyed draw of its position over the draft's logits (the same noise the target's draw there uses, restricted to
+    the draft vocabulary), which the keyed verifier accepts when it equals the target's; draft_probs are still the
+    law it was drawn from (Gumbel-max samples it), which confidence stops read."""
+    if isinstance(context.generator, PositionNoise) and not context.sampling.greedy:
+        tokens = keyed_tokens(logits, context.sampling, context.generator, draft_positions(context, depth))
+        tokens, probs = tokens.reshape(logits.shape[:-1]), logits_to_probs(logits, context.sampling)
+    else:
+        tokens, probs = draw(logits, context.sampling, context.generator)
     if draft_vocab is None:
         return tokens, probs
     tokens = draft_vocab[tokens]
     return tokens, None if probs is None else full_vocab_probs(probs, draft_vocab, context.target.vocab_size)
 
 
-def draw_rows(logits: torch.Tensor, contexts: list[DraftContext], draft_vocab: torch.Tensor | None = None):
+def draw_rows(logits: torch.Tensor, contexts: list[DraftContext], draft_vocab: torch.Tensor | None = None, depth=0):
     """A batch's drafting rows: [D, N] logits, one context per row -> ([D] tokens, [D, vocab] draft_probs or None when
     greedy), each row drawn with its own context and generator, as it draws alone. Greedy draws use no generator: one
     argmax serves all rows."""
     if contexts[0].sampling.greedy:
         return draw_draft(logits, contexts[0], draft_vocab)
-    drawn = [draw_draft(logits[i : i + 1], context, draft_vocab) for i, context in enumerate(contexts)]
+    depths = [depth] * len(contexts) if isinstance(depth, int) else list(depth)  # each row's draft depth
+    drawn = [draw_draft(logits[i : i + 1], context, draft_vocab, depths[i]) for i, context in enumerate(contexts)]
     return torch.cat([token for token, _ in drawn]), torch.cat([probs for _, probs in drawn])
 
 
@@ -202,13 +222,23 @@ def confident_rows(logits: torch.Tensor, probs: torch.Tensor | None, min_draft_c
     return [top >= min_draft_confidence for top in top_probability(logits, probs).tolist()]
 
 
-def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_vocab: torch.Tensor | None = None):
+def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_vocab: torch.Tensor | None = None,
+                     depth=0):
     """[..., N] draft logits -> ([..., k'] the k' = min(k, N) most probable token ids in the model's vocabulary, most
     probable first, [..., k'] their log draft probabilities): the DISTINCT children of a tree node.
 
     Ranked under the sampling's warpers (plain softmax when greedy), so a tree spends its nodes on tokens the target
-    may emit; any ranking keeps verification exact, because DISTINCT children need no draft_probs."""
-    probs = logits.float().softmax(dim=-1) if context.sampling.greedy else logits_to_probs(logits, context.sampling)
+    may emit; with a seed, by the softmax of the warped logits plus the keyed noise of the children's position
+    (`depth` as in `draw_draft`), whose first child is the draft's keyed draw. Any ranking keeps verification exact,
+    because DISTINCT children need no draft_probs."""
+    if context.sampling.greedy:
+        probs = logits.float().softmax(dim=-1)
+    elif isinstance(context.generator, PositionNoise):
+        positions = draft_positions(context, depth)
+        probs = keyed_scores(logits, context.sampling, context.generator, positions, draft_vocab)
+        probs = probs.reshape(logits.shape).to(torch.promote_types(logits.dtype, torch.float32))
+    else:
+        probs = logits_to_probs(logits, context.sampling)
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # [..., k'] sorted, most probable first
     tokens = top.indices if draft_vocab is None else draft_vocab[top.indices]
     return tokens, top.values.log()
@@ -236,8 +266,7 @@ def weight_share(model, modules=(), extra_weights: int = 0) -> float:
     parameters of `modules` plus `extra_weights` (e.g. the LM head rows of a draft vocabulary), over every weight a
     one-token forward of the target `model` multiplies by (all its parameters but an untied input embedding, of which
     it reads one row). A one-token forward is matrix-vector products, so its time follows the weights it reads; the
-    "auto" draft length starts from this `draft_cost` and learns the real cost from timings (except when sampling
-    with a seed, which plans without timings)."""
+    "auto" draft length starts from this `draft_cost` and learns the real cost from timings."""
     total = sum(p.numel() for p in model.parameters())
     embedding = model.get_input_embeddings().weight
     if embedding is not model.get_output_embeddings().weight:

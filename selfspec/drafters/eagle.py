@@ -139,7 +139,7 @@ class EagleDrafter:
         tokens, draft_probs = [], []
         for step in range(context.num_draft_tokens):
             logits = context.target.logits(feature, vocab_ids=self.draft_vocab)  # [1, N]
-            token, probs = draw_draft(logits, context, self.draft_vocab)  # [1] model ids, [1, vocab] or None
+            token, probs = draw_draft(logits, context, self.draft_vocab, step)  # [1] model ids, [1, vocab] or None
             # Drawn before the confidence check, which only decides how many drafts are proposed, never which.
             if self.min_draft_confidence and float(top_probability(logits, probs)) < self.min_draft_confidence:
                 break
@@ -178,7 +178,7 @@ class EagleDrafter:
         features, ancestor_slots = feature, [[]]  # [F, hidden]
         for depth in range(context.num_draft_tokens):
             logits = context.target.logits(features, vocab_ids=self.draft_vocab)  # [F, N]
-            tokens, log_probs = top_draft_tokens(logits, context, width, self.draft_vocab)  # [F, k]
+            tokens, log_probs = top_draft_tokens(logits, context, width, self.draft_vocab, depth)  # [F, k]
             if self.min_draft_confidence:  # an unsure distribution gets no children
                 log_probs = log_probs.masked_fill(log_probs[:, :1].exp() < self.min_draft_confidence, -torch.inf)
             ids, scores = candidates.add_children(ids, scores, tokens, log_probs)  # [F * k]

@@ -53,7 +53,8 @@ class BatchEagleDrafter:
         while drafting:
             rows = torch.tensor(drafting, device=feature.device)
             logits = self.target.logits(feature[rows], vocab_ids=self.draft_vocab)  # [D, N]
-            drawn, probs = draw_rows(logits, [contexts[r] for r in drafting], self.draft_vocab)  # [D], [D, vocab]|None
+            drawn, probs = draw_rows(logits, [contexts[r] for r in drafting], self.draft_vocab,
+                                     [len(tokens[r]) for r in drafting])  # [D], [D, vocab]|None
             confident = confident_rows(logits, probs, self.min_draft_confidence)
             feeding = []
             for i, r in enumerate(drafting):

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from selfspec.drafters.base import Draft, DraftContext, check_probability, load_extra_module, weight_share
-from selfspec.sampling import draw, top_probability
+from selfspec.drafters.base import (
+    Draft, DraftContext, check_probability, draw_draft, load_extra_module, weight_share,
+)
+from selfspec.sampling import top_probability
 
 
 class EarlyExitDrafter:
@@ -76,7 +78,7 @@ class EarlyExitDrafter:
             logits = self.exit_logits(target, exit_state)  # [1, vocab]
             # [1], and [1, vocab] warped as the target's (None when greedy). Sampled before the confidence check:
             # that check only decides how many drafts are proposed, never which, so the law stays the verifier's.
-            token, probs = draw(logits, sampling, context.generator)
+            token, probs = draw_draft(logits, context, None, len(tokens))
             if self.min_draft_confidence and float(top_probability(logits, probs)) < self.min_draft_confidence:
                 break  # unsure: stop here; the last kept draft already has its exit state, no extra pass needed
             tokens.append(token)

@@ -53,7 +53,7 @@ class BatchEarlyExitDrafter:
                 break
             rows = drafting
             logits = self.drafter.exit_logits(target, exit_states[-1][torch.tensor(rows, device=ids.device)])  # [D, V]
-            drawn, probs = draw_rows(logits, [contexts[r] for r in rows])  # [D], [D, vocab] | None
+            drawn, probs = draw_rows(logits, [contexts[r] for r in rows], None, [len(tokens[r]) for r in rows])  # [D], [D, vocab] | None
             confident = confident_rows(logits, probs, self.drafter.min_draft_confidence)
             drafting, last_pass = [], False
             for i, r in enumerate(rows):

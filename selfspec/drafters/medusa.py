@@ -101,7 +101,8 @@ class MedusaDrafter:
         """[k, N] the first k heads' logits for one sequence -> its draft (a chain, or a tree when asked)."""
         if context.tree_size:
             return self._propose_tree(logits, context)
-        tokens, draft_probs = draw_draft(logits, context, self.heads.draft_vocab)  # [k], [k, vocab] or None
+        # [k], [k, vocab] or None; head i drafts depth i
+        tokens, draft_probs = draw_draft(logits, context, self.heads.draft_vocab, range(logits.shape[0]))
         if self.min_draft_confidence:
             # Only the number proposed changes (not which tokens, nor their law): the verifier stays exact.
             keep = int(self._sure_heads(top_probability(logits, draft_probs)))
@@ -120,7 +121,8 @@ class MedusaDrafter:
 
     def _propose_tree(self, logits: torch.Tensor, context: DraftContext) -> Draft:
         """[depth, N] the heads' logits -> the tree of the `context.tree_size` most probable nodes."""
-        tokens, log_probs = top_draft_tokens(logits, context, self.tree_top_k, self.heads.draft_vocab)  # [depth, k]
+        tokens, log_probs = top_draft_tokens(logits, context, self.tree_top_k, self.heads.draft_vocab,
+                                             range(logits.shape[0]))  # [depth, k]; head i drafts depth i
         depth = tokens.shape[0]
         if self.min_draft_confidence:  # heads up to the first unsure one, as for a chain
             depth = int(self._sure_heads(log_probs[:, 0].exp()))

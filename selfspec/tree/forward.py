@@ -122,8 +122,8 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
 # "auto" tree size on an accelerator: the most nodes whose verify forward costs at most this many one-token decodes on
 # the prior curve (47 on an H200, where trees were measured: round 9, SmolLM2's EAGLE tree of 47 2.16x of generate,
 # its chain 1.22x). A choice, not yet a measurement: a step that verifies N nodes must then accept about one more
-# token than a plain step to pay. The prior, not the learned curve, so that a seeded sample does not change when a
-# later process has learned another curve. On a CPU without the few-row kernel (verification through F.linear: 1.5-2.4
+# token than a plain step to pay. The prior, not the learned curve, so that one device always drafts the same tree
+# shape. On a CPU without the few-row kernel (verification through F.linear: 1.5-2.4
 # decodes for 1-16 drafts, round 21) "auto" drafts chains: trees were not measured to pay there.
 AUTO_TREE_VERIFY_COST = 2.0
 MAX_TREE_SIZE = 64

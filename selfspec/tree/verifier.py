@@ -22,7 +22,8 @@ from typing import Callable
 
 import torch
 
-from selfspec.sampling import greedy_tokens, sample_from
+from selfspec.sampling import SamplingConfig, greedy_tokens, keyed_tokens, sample_from
+from selfspec.seeded import PositionNoise
 from selfspec.tree.draft_tree import DISTINCT, DraftTree
 from selfspec.verifier import normalised_or
 
@@ -43,12 +44,30 @@ def verify_tree_greedy(tree: DraftTree, target_logits: torch.Tensor) -> TreeVerd
     target_logits: [num_nodes + 1, vocab]. The longest path of the tree that greedy decoding would produce.
     """
     target_tokens = greedy_tokens(target_logits).tolist()  # [num_nodes + 1]
+    return follow_matching(tree, lambda row, depth: target_tokens[row])
+
+
+def verify_tree_keyed(tree: DraftTree, target_logits: torch.Tensor, sampling: SamplingConfig, noise: PositionNoise,
+                      first_position: int) -> TreeVerdict:
+    """Sampling with a seed (`selfspec/seeded.py`): follow the child equal to the target's keyed draw at each depth
+    (row `row` at depth d decides sequence position first_position + d); only the rows on the walk are warped. The
+    tokens are plain keyed sampling's, whatever the tree held."""
+    def target_token(row: int, depth: int) -> int:
+        return int(keyed_tokens(target_logits[row], sampling, noise, first_position + depth)[0])
+
+    return follow_matching(tree, target_token)
+
+
+def follow_matching(tree: DraftTree, target_token: Callable[[int, int], int]) -> TreeVerdict:
+    """The walk of the deterministic verifiers: from the root, follow the child whose token is the target's
+    `target_token(row, depth)` while there is one; the next token is the target's token where the walk stops."""
     tokens = tree.tokens.tolist()
     path, row = [], 0
     while True:
-        match = [c for c in tree.children[row] if tokens[c] == target_tokens[row]]
+        token = target_token(row, len(path))
+        match = [c for c in tree.children[row] if tokens[c] == token]
         if not match:
-            return TreeVerdict(tuple(path), target_tokens[row])
+            return TreeVerdict(tuple(path), token)
         path.append(match[0])  # DISTINCT siblings match at most once; SAMPLED duplicates: the first one drawn
         row = match[0] + 1
 

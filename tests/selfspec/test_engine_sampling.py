@@ -26,10 +26,15 @@ def randomized_heads(model, seed=1):
 
 
 def engine_samples(spec, sampling: SamplingConfig, num_draft_tokens=2, seed=0, num_samples=NUM_SAMPLES,
-                   prompt=PROMPT, num_new=NUM_NEW, eos_token_id=(), stop_strings=None, exercised=True):
+                   prompt=PROMPT, num_new=NUM_NEW, eos_token_id=(), stop_strings=None, exercised=True, keyed=False):
     """`num_samples` continuations; asserts (unless told not to) that drafts were proposed on most of them and that
-    some were accepted and some rejected. Returns (samples, stats)."""
-    generator = torch.Generator().manual_seed(seed)
+    some were accepted and some rejected. Returns (samples, stats).
+
+    keyed=False: unseeded calls (rejection sampling on torch's global generator, seeded once here); keyed=True: each
+    call gets a torch.Generator, i.e. one fresh seed per call, and takes the position-keyed path."""
+    generator = torch.Generator().manual_seed(seed) if keyed else None
+    if not keyed:
+        torch.manual_seed(seed)
     samples, stats = [], []
     for _ in range(num_samples):
         out = spec.generate(

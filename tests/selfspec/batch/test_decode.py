@@ -135,7 +135,7 @@ def test_sampled_rows_equal_each_prompt_alone_with_its_seed(drafter):
     for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
         assert torch.equal(got, alone(spec, prompt, seed=7 + i, **sampling)), i
     assert_exercised(out.row_stats, what=f"sampled {drafter}")
-    # the same with a generator per row, and with "auto" (reproducible: planned without timings)
+    # the same with a generator per row, and with "auto" (planned from timings: seeded tokens do not depend on k)
     generators = [torch.Generator().manual_seed(100 + i) for i in range(len(prompts))]
     auto = {**sampling, "num_draft_tokens": "auto"}
     out = spec.generate(prompts, generator=generators, **auto)

@@ -484,14 +484,14 @@ def test_unseeded_sampled_rows_under_the_batch_width_follow_the_model_law(monkey
     assert law_pvalue(samples, law) > 1e-3
 
 
-def test_used_only_for_auto_without_a_seed(monkeypatch):
-    """Seeded sampling keeps each row's own policy (a row's tokens must not depend on its neighbours) and an int
-    keeps each row's fixed k: no batch planner; greedy and unseeded sampling with "auto" get one.
-    Catches (planted): a planner for seeded sampling; a planner for an int k."""
+def test_used_for_auto_with_or_without_a_seed(monkeypatch):
+    """An int keeps each row's fixed k: no batch planner; greedy and sampling with "auto" get one, seeded or not (a
+    seeded row's tokens are keyed by position, so the batch's widths cannot change them).
+    Catches (planted): a planner for an int k; no planner for seeded sampling."""
     spec = SelfSpecModel(tiny_model("llama"), drafter="ngram")
     prompts = prompts_of_different_lengths()[:2]
     sampled = dict(do_sample=True, temperature=0.8, max_new_tokens=6, eos_token_id=[])
-    for options, planned in ((dict(seed=3, **sampled), False), (dict(generator=torch.Generator(), **sampled), False),
+    for options, planned in ((dict(seed=3, **sampled), True), (dict(generator=torch.Generator(), **sampled), True),
                              (dict(num_draft_tokens=3, max_new_tokens=6), False), (dict(max_new_tokens=6), True),
                              (sampled, True)):
         recorded = _Recorded(monkeypatch)

@@ -102,10 +102,11 @@ def _replayed_outcomes(model, sequences, proposed, sampling: SamplingConfig, dra
 def test_sampled_probes_leave_the_tokens_and_generator_alone_and_follow_the_verifier_rule(draft_prob):
     model, prompt = tiny_model("llama", seed=5), random_prompt(10, seed=6)
     sampling = dict(do_sample=True, temperature=1.3, top_k=20)
-    plain = SelfSpecModel(model, drafter="none").generate(prompt, max_new_tokens=40, seed=11, eos_token_id=[],
-                                                          **sampling)
+    torch.manual_seed(11)  # unseeded calls: rejection sampling on torch's global generator
+    plain = SelfSpecModel(model, drafter="none").generate(prompt, max_new_tokens=40, eos_token_id=[], **sampling)
     drafter, policy = ScriptedDrafter(plain.sequences, wrong_every=3, draft_prob=draft_prob), AlwaysProbe()
-    out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=40, seed=11, eos_token_id=[],
+    torch.manual_seed(11)
+    out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=40, eos_token_id=[],
                                                           num_draft_tokens=policy, **sampling)
     assert torch.equal(out.sequences, plain.sequences)  # same forward, same draws: the probe changed nothing
     observed = [accepted for drafted, accepted, _ in policy.observed if drafted]
@@ -119,6 +120,24 @@ def test_sampled_probes_leave_the_tokens_and_generator_alone_and_follow_the_veri
             planted = _replayed_outcomes(model, out.sequences, drafter.proposed, SamplingConfig(True, 1.3, 20, None),
                                          draft_prob, rule=lambda token, q, row, u: u < float(row[token]))
         assert planted != observed
+
+
+def test_seeded_probes_are_accepted_exactly_when_they_equal_the_keyed_draw():
+    """With a seed, a probe in shadow is scored as the keyed verifier scores a draft: accepted iff it equals the token
+    the seed draws at its position; the tokens stay those of speculation off with the same seed.
+    Catches (planted): the rejection rule's private uniform used for seeded probes (accepts some wrong drafts)."""
+    model, prompt = tiny_model("llama", seed=5), random_prompt(10, seed=6)
+    sampling = dict(do_sample=True, temperature=1.3, top_k=20)
+    plain = SelfSpecModel(model, drafter="none").generate(prompt, max_new_tokens=40, seed=11, eos_token_id=[],
+                                                          **sampling)
+    drafter, policy = ScriptedDrafter(plain.sequences, wrong_every=3, draft_prob=0.5), AlwaysProbe()
+    out = SelfSpecModel(model, drafter=drafter).generate(prompt, max_new_tokens=40, seed=11, eos_token_id=[],
+                                                          num_draft_tokens=policy, **sampling)
+    assert torch.equal(out.sequences, plain.sequences)
+    observed = [accepted for drafted, accepted, _ in policy.observed if drafted]
+    expected = [int(int(tokens[0]) == int(out.sequences[0, start])) for start, tokens in drafter.proposed]
+    assert observed == expected[: len(observed)] and len(observed) >= 30
+    assert 0 < sum(observed) < len(observed) and out.stats.probes_accepted == sum(observed)
 
 
 def test_probe_rule_accepts_with_probability_min_one_p_over_q():

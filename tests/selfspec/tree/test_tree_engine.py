@@ -249,11 +249,12 @@ def randomized_medusa(model, seed=1):
 
 
 def tree_law_samples(spec, num_samples: int = NUM_SAMPLES):
-    generator = torch.Generator().manual_seed(0)
+    """Unseeded samples (rejection sampling on torch's global generator, seeded once here)."""
+    torch.manual_seed(0)
     samples, stats = [], []
     for _ in range(num_samples):
         out = spec.generate(PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=SAMPLING.temperature,
-                            num_draft_tokens=2, generator=generator, eos_token_id=[])
+                            num_draft_tokens=2, eos_token_id=[])
         samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
         stats.append(out.stats)
     return samples, stats
