@@ -192,7 +192,7 @@ def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.T
     the draft vocabulary), which the keyed verifier accepts when it equals the target's; draft_probs are still the
     law it was drawn from (Gumbel-max samples it), which confidence stops read."""
     if isinstance(context.generator, PositionNoise) and not context.sampling.greedy:
-        tokens = keyed_tokens(logits, context.sampling, context.generator, draft_positions(context, depth))
+        tokens = keyed_tokens(logits, context.sampling, context.generator, draft_positions(context, depth), draft_vocab)
         tokens, probs = tokens.reshape(logits.shape[:-1]), logits_to_probs(logits, context.sampling)
     else:
         tokens, probs = draw(logits, context.sampling, context.generator)

@@ -14,7 +14,7 @@ from selfspec.sampling import SamplingConfig, keyed_tokens, logits_to_probs
 from selfspec.seeded import PositionNoise, keyed_noise
 from selfspec.verifier import Verdict
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
-from tests.selfspec.drafters.test_eagle import randomized_head, sharp, trained_head
+from tests.selfspec.drafters.test_eagle import frequent_tokens, randomized_head, sharp, trained_head
 from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue, randomized_medusa
 from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, sharpened, trained_heads
 from tests.selfspec.scripted_time import scripted_engine_clock
@@ -96,7 +96,8 @@ def test_the_keyed_law_test_catches_noise_added_before_warping(monkeypatch):
 
 # --- the same tokens as speculation off -------------------------------------------------------------------------
 
-ENGINES = ["ngram", "medusa chain", "medusa tree", "eagle chain", "eagle tree", "early exit"]
+ENGINES = ["ngram", "medusa chain", "medusa tree", "eagle chain", "eagle tree", "eagle draft-vocab chain",
+           "eagle draft-vocab tree", "early exit"]
 
 
 def seeded_engine(name: str):
@@ -110,10 +111,12 @@ def seeded_engine(name: str):
         heads = trained_heads(model, greedy_sequences(model, prompts, 40))
         tree_size = 8 if name.endswith("tree") else None
         return SelfSpecModel(model, heads=heads, min_draft_confidence=0.0, tree_size=tree_size), prompts[1]
-    if name.startswith("eagle"):
+    if name.startswith("eagle"):  # (a draft vocabulary: the head drafts among the model's 24 most frequent tokens)
         model = sharp(tiny_model("llama"))
         tree_size = 8 if name.endswith("tree") else None
-        return SelfSpecModel(model, heads=trained_head(model, steps=40), tree_size=tree_size), random_prompt(9, seed=1)
+        draft_vocab = frequent_tokens(model) if "draft-vocab" in name else None
+        head = trained_head(model, draft_vocab=draft_vocab, steps=40)
+        return SelfSpecModel(model, heads=head, tree_size=tree_size), random_prompt(9, seed=1)
     model = sharpened(scrambled_model("llama", num_layers=4, seed=1), 4.0)
     return SelfSpecModel(model, drafter="early_exit", exit_layer=2), random_prompt(9, seed=1)
 
