@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from selfspec.bench.settings import EXAMPLES, REFERENCE, model_name
+from selfspec.bench.settings import REFERENCE, default_out, model_name
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,8 @@ HELP = {
     "dtype": "the model's dtype (float32 on a CPU; bfloat16 rounds a batched forward differently from a single one, "
              "so rows may part from one-by-one at near-ties)",
     "seed": "seed of the method order",
-    "out": "directory for results.md and results.json; default: examples/<model name>/bench/batch/",
+    "out": "directory for results.md and results.json; default: bench-results/<model name>/batch/ in the working "
+           "directory, beside the main benchmark's outputs (git-ignored in the repository)",
 }
 
 
@@ -80,7 +81,7 @@ def parse_args(argv=None) -> BatchBenchSettings:
         parser.error(f"--batch-sizes must be positive integers separated by commas, got {settings.batch_sizes!r}")
     if settings.repeats < 1 or settings.max_new_tokens < 1:
         parser.error("--repeats and --max-new-tokens must be >= 1")
-    out = settings.out or str(EXAMPLES / model_name(settings.model) / "bench" / "batch")
+    out = settings.out or str(default_out(settings.model) / "batch")
     return replace(settings, out=out)
 
 

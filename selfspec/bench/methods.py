@@ -21,16 +21,22 @@ from selfspec.stats import GenerationStats, StatsRecorder
 
 @dataclass(frozen=True)
 class Mode:
-    """A decoding mode, identical for every method (transformers gets top_k=0: no implicit top-k in any version)."""
+    """A decoding mode, identical for every method (transformers gets top_k=0: no implicit top-k in any version).
+
+    seeded: selfspec's `generate(seed=...)` with the run's seed (the same for every method on a prompt and round), so
+    two methods' tokens can be compared; unseeded sampling draws from the global generator, as a user's call does.
+    """
 
     name: str
     do_sample: bool
     temperature: float = 1.0
     top_p: float | None = None
+    seeded: bool = False
 
 
 GREEDY = Mode("greedy", False)
 SAMPLE = Mode("sample t=0.7 top-p=0.9", True, 0.7, 0.9)
+SEEDED = Mode("sample t=0.7 top-p=0.9 seeded", True, 0.7, 0.9, seeded=True)
 SAMPLE_T1 = Mode("sample t=1.0", True, 1.0)
 
 
@@ -122,6 +128,8 @@ def transformers_method(name: str, model, max_new_tokens: int, eos_token_id, pad
     counter = ForwardCounter(model)
 
     def run(prompt: torch.Tensor, mode: Mode, seed: int) -> Run:
+        if mode.seeded:
+            raise ValueError(f"{name}: transformers has no seed= for generate; run it in the unseeded modes only")
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=mode.do_sample, eos_token_id=eos_token_id,
                       pad_token_id=pad_token_id, attention_mask=torch.ones_like(prompt))
         if mode.do_sample:
@@ -157,13 +165,15 @@ def selfspec_method(name: str, make: Callable[[], SelfSpecModel], max_new_tokens
     options = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
 
     def run(prompt: torch.Tensor, mode: Mode, seed: int) -> Run:
-        # Sampling at default settings: the global generator, seeded as for `transformers` (a seed= argument would ask
-        # for reproducible tokens, which plans draft lengths without timings: not what a user gets by default).
+        # Unseeded sampling: the global generator, seeded as for `transformers` (what a user gets by default). The
+        # seeded mode passes seed= itself: reproducible tokens, comparable between methods.
         torch.manual_seed(seed)
+        seeded = {"seed": seed} if mode.seeded else {}
         with Timer(prompt.device) as timer:
             spec = make() if fresh else kept
             out = spec.generate(prompt[0], max_new_tokens=max_new_tokens, do_sample=mode.do_sample,
-                                temperature=mode.temperature, top_p=mode.top_p, eos_token_id=eos_token_id, **options)
+                                temperature=mode.temperature, top_p=mode.top_p, eos_token_id=eos_token_id, **options,
+                                **seeded)
         return Run.from_stats(out.stats, timer.seconds, out.sequences[0, prompt.shape[1]:].tolist())
 
     return Method(name, "selfspec", run, drafter, num_draft_tokens, parameters(extra)[0], kept)

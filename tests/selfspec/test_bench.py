@@ -26,22 +26,47 @@ SELFSPEC = Path(bench.__file__).resolve().parents[1]
 # -- settings ---------------------------------------------------------------------------------------------------
 
 
-def test_defaults_resolve_from_the_repository_not_the_working_directory(tmp_path, monkeypatch):
+def test_heads_resolve_from_the_repository_outputs_go_to_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     settings = parse_args([])
     assert Path(settings.model) == REFERENCE / "model" and Path(settings.model).is_absolute()
-    assert Path(settings.out) == EXAMPLES / "reference" / "bench"
-    assert settings.threads == 1 and settings.fixed_k == 0 and settings.time_limit is None and not settings.t1
+    assert Path(settings.out) == tmp_path / "bench-results" / "reference"  # never inside the package
+    assert (settings.max_new_tokens, settings.threads, settings.fixed_k, settings.time_limit) == (128, 1, 0, None)
+    assert settings.sweep_max == 0 and settings.useless_prompts == 0  # one table by default
+    assert not (settings.llama_cpp or settings.transformers_assisted or settings.chains or settings.kernel_off)
     shipped = REFERENCE / "heads" / "config.json"
     assert settings.heads == (str(REFERENCE / "heads") if shipped.is_file() else None)
 
 
-def test_quick_sets_a_small_run_and_explicit_flags_win():
-    settings = parse_args(["--quick", "--repeats", "5", "--time-limit", "2.5", "--t1", "--heads", "none",
+def test_smollm2_defaults_to_its_shipped_heads_each_only_when_it_exists(tmp_path, monkeypatch):
+    """Catches (planted): eagle3 picked up without its config.json (a half-written training output)."""
+    from selfspec.bench import settings as bench_settings
+
+    monkeypatch.setattr(bench_settings, "EXAMPLES", tmp_path)
+    for kind in ("heads", "eagle"):
+        (tmp_path / "smollm2" / kind).mkdir(parents=True)
+        (tmp_path / "smollm2" / kind / "config.json").write_text("{}")
+    (tmp_path / "smollm2" / "eagle3").mkdir()  # no config.json: not a head yet
+    settings = parse_args(["--model", "smollm2"])
+    assert settings.heads == str(tmp_path / "smollm2" / "heads")
+    assert settings.eagle == str(tmp_path / "smollm2" / "eagle") and settings.eagle3 is None
+    (tmp_path / "smollm2" / "eagle3" / "config.json").write_text("{}")
+    assert parse_args(["--model", "smollm2"]).eagle3 == str(tmp_path / "smollm2" / "eagle3")
+    assert parse_args(["--model", "smollm2", "--eagle", "none", "--heads", "none"]).eagle is None
+
+
+def test_the_shipped_smollm2_heads_are_its_defaults():
+    settings = parse_args(["--model", "smollm2"])
+    assert settings.heads == str(EXAMPLES / "smollm2" / "heads") and settings.eagle == str(EXAMPLES / "smollm2" / "eagle")
+
+
+def test_quick_sets_a_small_run_and_explicit_flags_win(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = parse_args(["--quick", "--repeats", "5", "--time-limit", "2.5", "--heads", "none",
                            "--model", "smollm2", "--exit-layer", "8"])
     assert (settings.max_new_tokens, settings.num_prompts, settings.repeats) == (32, 2, 5)
-    assert settings.time_limit == 2.5 and settings.t1 and settings.heads is None and settings.exit_layer == 8
-    assert Path(settings.out) == EXAMPLES / "smollm2" / "bench"
+    assert settings.time_limit == 2.5 and settings.heads is None and settings.exit_layer == 8
+    assert Path(settings.out) == tmp_path / "bench-results" / "smollm2"
 
 
 @pytest.mark.parametrize("model, name", [
@@ -51,7 +76,16 @@ def test_quick_sets_a_small_run_and_explicit_flags_win():
     ("/runs/my-model", "my-model"),
 ])
 def test_model_name_names_the_output_directory(model, name):
-    assert model_name(model) == name and default_out(model) == EXAMPLES / name / "bench"
+    assert model_name(model) == name and default_out(model) == Path.cwd() / "bench-results" / name
+
+
+def test_every_flag_says_why_its_default_is_what_it_is():
+    from dataclasses import fields
+
+    from selfspec.bench.settings import HELP, BenchSettings
+
+    assert sorted(HELP) == sorted(f.name for f in fields(BenchSettings))
+    assert all(len(text) > 20 for text in HELP.values())
 
 
 def test_a_bad_flag_exits_with_argparse_status():
@@ -87,14 +121,15 @@ def test_summary_medians_ratios_identity_and_acceptance_on_scripted_runs():
     records = summarize(entries, ["generate", "off", "fast"], {"speedup": "generate", "vs_off": "off"}, 1000)
     by_name = {r["method"]: r for r in records}
     assert [r["method"] for r in records] == ["generate", "off", "fast"]
-    assert by_name["generate"]["speedup"] == 1.0 and by_name["generate"]["greedy_identical"] is None
+    assert by_name["generate"]["speedup"] == 1.0 and by_name["generate"]["identical"] is None
     fast_record = by_name["fast"]
     assert fast_record["speedup"] == pytest.approx(2.0) and fast_record["speedup_range"] == pytest.approx([1.0, 4.0])
     assert fast_record["vs_off"] == pytest.approx(2.0 * 0.8)
     assert by_name["off"]["speedup"] == pytest.approx(1.25)
     assert fast_record["tokens_per_second"] == pytest.approx(20.0)  # rounds: 20, 40, 10 tokens/s
     assert fast_record["tokens_per_forward"] == pytest.approx(2.0)
-    assert fast_record["greedy_identical"] == [5, 6] and by_name["off"]["greedy_identical"] == [6, 6]
+    assert fast_record["identical"] == [5, 6] and by_name["off"]["identical"] == [6, 6]
+    assert fast_record["identical_to"] == "generate"
     assert fast_record["acceptance_by_position"] == pytest.approx([1.0, 0.5, 0.0])
     assert fast_record["acceptance"] == pytest.approx(6 / 10)
     assert fast_record["drafted_by_position"] == [24, 24, 12] and fast_record["runs"] == 6
@@ -107,8 +142,35 @@ def test_summary_keeps_modes_apart_and_skips_identity_when_sampling():
     records = summarize(entries, ["generate", "fast"], {"speedup": "generate"}, 1000)
     assert [(r["mode"], r["method"]) for r in records] == [
         (SAMPLE.name, "generate"), (SAMPLE.name, "fast"), (GREEDY.name, "generate"), (GREEDY.name, "fast")]
-    assert records[1]["speedup"] == pytest.approx(0.5) and records[1]["greedy_identical"] is None
-    assert records[3]["speedup"] == pytest.approx(2.0) and records[3]["greedy_identical"] == [1, 1]
+    assert records[1]["speedup"] == pytest.approx(0.5) and records[1]["identical"] is None
+    assert records[3]["speedup"] == pytest.approx(2.0) and records[3]["identical"] == [1, 1]
+
+
+def test_seeded_runs_are_counted_against_speculation_off_with_the_same_seed():
+    """The seeded row of every method is compared, per (round, prompt), with speculation off's seeded run; generate
+    never runs seeded (no speedup over it there), and greedy rows still compare with generate. Catches (planted):
+    comparing seeded runs with generate's (nothing to compare: None), or across prompts (a match would be missed)."""
+    from selfspec.bench.methods import SEEDED
+    from selfspec.bench.run import BASELINES, GENERATE, IDENTICAL_TO, OFF
+
+    plain, off, fast = _method(GENERATE), _method(OFF), _method("fast", "ngram")
+    entries = []
+    for round_ in range(2):
+        for p in range(2):
+            same = (p, p + 1)
+            entries += [_entry(plain, GREEDY, round_, p, 2, 1.0, 2, same), _entry(off, GREEDY, round_, p, 2, 1.0, 2, same),
+                        _entry(fast, GREEDY, round_, p, 2, 0.5, 1, same),
+                        _entry(off, SEEDED, round_, p, 2, 1.0, 2, same),
+                        # one seeded run of `fast` parts from speculation off's (round 1, prompt 0)
+                        _entry(fast, SEEDED, round_, p, 2, 0.8, 1, (7, 7) if (round_, p) == (1, 0) else same)]
+    records = summarize(entries, [GENERATE, OFF, "fast"], BASELINES, 1000, IDENTICAL_TO)
+    seeded = {r["method"]: r for r in records if r["mode"] == SEEDED.name}
+    assert set(seeded) == {OFF, "fast"} and seeded["fast"]["seeded"]
+    assert seeded["fast"]["identical"] == [3, 4] and seeded["fast"]["identical_to"] == OFF
+    assert seeded[OFF]["identical"] is None
+    assert seeded["fast"]["vs_speculation_off"] == pytest.approx(1.25) and seeded["fast"]["speedup"] is None
+    greedy = {r["method"]: r for r in records if r["mode"] == GREEDY.name}
+    assert greedy["fast"]["identical"] == [4, 4] and greedy["fast"]["identical_to"] == GENERATE
 
 
 @pytest.mark.parametrize("calls, prompt_len, final_len, steps", [
@@ -165,37 +227,97 @@ def tiny(tmp_path_factory):
     """A tiny float64 chat model directory (float64: no rounding near-ties, so greedy identity is exact) and heads."""
     from heads import MedusaHeads
 
+    from heads.eagle import EagleHead
+
     root = tmp_path_factory.mktemp("tiny")
     save_model_dir(root / "model", seed=0, dtype=torch.float64)
     MedusaHeads.for_model(tiny_text_model(seed=0), num_heads=2).save_pretrained(root / "heads")
+    EagleHead.for_model(tiny_text_model(seed=0)).save_pretrained(root / "eagle")
     return root
 
 
-def test_bench_runs_end_to_end_and_writes_json_and_markdown(tiny, tmp_path):
+TABLE_HEADER = (
+    "| method | greedy: tokens/s | greedy: vs generate | greedy: vs speculation off | greedy: tokens/forward "
+    "| greedy: identical to generate | sampled: vs generate | sampled: vs speculation off | sampled: tokens/forward "
+    "| seeded: vs speculation off | seeded: tokens/forward | seeded: identical to speculation off |"
+)
+
+
+def test_default_run_is_one_table_of_every_drafter_in_three_modes(tiny, tmp_path):
+    """The default command's table (here on a tiny float64 chat model with Medusa heads and an EAGLE head, where
+    "auto" drafts chains: the EAGLE chain row would repeat the default and is left out with a note)."""
+    from selfspec.bench.methods import GREEDY, SAMPLE, SEEDED
+
+    out = tmp_path / "bench"
+    argv = ["--model", str(tiny / "model"), "--heads", str(tiny / "heads"), "--eagle", str(tiny / "eagle"),
+            "--dtype", "float64", "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "2", "--out", str(out)]
+    report = bench.main(argv)
+    saved = json.loads((out / "results.json").read_text())
+    assert saved["command"] == "python -m selfspec.bench " + " ".join(argv)
+    assert saved["phases_finished"] == ["main", "sweep", "useless drafts"] and saved["sweep"] == []
+    assert saved["useless_drafts"] == [] and saved["prompt_kind"] == "chat"
+    records = saved["records"]
+    rows = ["generate", "selfspec speculation off", "selfspec ngram (default)",
+            "selfspec early_exit L=1 untrained (default)", "selfspec medusa (default)", "selfspec eagle (default)"]
+    assert list(dict.fromkeys(r["method"] for r in records)) == rows
+    by_mode = {mode.name: {r["method"]: r for r in records if r["mode"] == mode.name} for mode in (GREEDY, SAMPLE, SEEDED)}
+    assert list(by_mode[GREEDY.name]) == rows and list(by_mode[SAMPLE.name]) == rows
+    assert list(by_mode[SEEDED.name]) == rows[1:]  # generate takes no seed=
+    assert len(records) == 3 * len(rows) - 1
+    for r in records:
+        assert r["rounds"] == 2 and r["runs"] == 4 and r["tokens_per_forward"] >= 1.0
+    for name, r in by_mode[GREEDY.name].items():
+        assert r["speedup"] > 0 and r["vs_speculation_off"] > 0
+        if name != "generate":  # exactness shows in the benchmark too
+            assert r["identical"] == [4, 4] and r["identical_to"] == "generate", name
+    for name, r in by_mode[SEEDED.name].items():
+        assert r["speedup"] is None and r["vs_speculation_off"] > 0
+        if name != "selfspec speculation off":
+            assert r["identical"][1] == 4 and r["identical_to"] == "selfspec speculation off", name
+    assert any("no eagle chain row" in note for note in saved["notes"])
+    table = (out / "results.md").read_text()
+    assert table.splitlines()[2] == "`" + saved["command"] + "`"  # the exact command above the table
+    assert TABLE_HEADER in table and "prefill for every row" in table
+    assert table.count("\n| ") == len(rows) + 1 and "### sweep" not in table and "### useless" not in table
+    off_row = next(line for line in table.splitlines() if line.startswith("| selfspec speculation off |"))
+    assert off_row.count("|") == TABLE_HEADER.count("|")
+    generate_row = next(line for line in table.splitlines() if line.startswith("| generate |"))
+    assert generate_row.endswith("|  |  |  |")  # never seeded: empty seeded cells
+    assert (out / "speedup.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
+    assert report["records"] == records
+
+
+def test_optional_phases_and_rows_run_end_to_end(tiny, tmp_path):
     out = tmp_path / "bench"
     report = bench.main([
         "--model", str(tiny / "model"), "--heads", str(tiny / "heads"), "--eagle", str(tmp_path / "no-eagle"),
         "--dtype", "float64", "--num-prompts", "1", "--max-new-tokens", "6", "--repeats", "2", "--fixed-k", "2",
-        "--t1", "--sweep-max", "2", "--sweep-prompts", "1", "--useless-prompts", "1", "--out", str(out),
+        "--transformers-assisted", "--sweep-max", "2", "--sweep-prompts", "1", "--useless-prompts", "1",
+        "--out", str(out),
     ])
     saved = json.loads((out / "results.json").read_text())
     assert saved["phases_finished"] == ["main", "sweep", "useless drafts"] and not saved["stopped_by_time_limit"]
     assert saved["prompt_kind"] == "chat" and saved["prompts"] == [CHAT_PROMPTS[0]]
     assert saved["machine"]["torch_threads"] == 1
     records = saved["records"]
-    assert {r["mode"] for r in records} == {"greedy", "sample t=0.7 top-p=0.9", "sample t=1.0"}
+    assert {r["mode"] for r in records} == {"greedy", "sample t=0.7 top-p=0.9", "sample t=0.7 top-p=0.9 seeded"}
     methods = list(dict.fromkeys(r["method"] for r in records))
     assert methods == [
         "generate", "transformers prompt lookup k=3", "transformers early exit L=1", "selfspec speculation off",
-        "selfspec ngram (default)", "selfspec ngram k=2", "selfspec early_exit L=1 (default)",
-        "selfspec early_exit L=1 k=2", "selfspec medusa (default)", "selfspec medusa k=2",
+        "selfspec ngram (default)", "selfspec ngram k=2", "selfspec early_exit L=1 untrained (default)",
+        "selfspec early_exit L=1 untrained k=2", "selfspec medusa (default)", "selfspec medusa k=2",
     ]
-    assert len(records) == 3 * len(methods)
+    assert len(records) == 3 * len(methods) - 3  # transformers' three rows are never seeded
     for r in records:
-        assert r["rounds"] == 2 and r["runs"] == 2 and r["tokens_per_forward"] >= 1.0 and r["speedup"] > 0
+        assert r["rounds"] == 2 and r["runs"] == 2 and r["tokens_per_forward"] >= 1.0
+        assert r["vs_speculation_off"] > 0 and (r["speedup"] is None) == r["seeded"]
         assert all(0.0 <= a <= 1.0 for a in r["acceptance_by_position"])
         if r["mode"] == "greedy" and r["method"] != "generate":  # exactness shows in the benchmark too
-            assert r["greedy_identical"] == [2, 2], r["method"]
+            assert r["identical"] == [2, 2], r["method"]
+    fixed = [r for r in records if r["mode"] == "greedy" and r["num_draft_tokens"] == 2]
+    drafted = [r for r in fixed if sum(r["drafted_by_position"]) > 0]  # identity checked with drafts in play
+    assert len(fixed) == 3 and drafted
+    assert any(r["acceptance"] > 0 for r in drafted) and any(r["acceptance"] < 1 for r in drafted)
     greedy = {r["method"]: r for r in records if r["mode"] == "greedy"}
     assert greedy["generate"]["speedup"] == 1.0 and greedy["selfspec speculation off"]["tokens_per_forward"] == 1.0
     assert greedy["selfspec medusa (default)"]["extra_parameters"] > 0
@@ -215,7 +337,7 @@ def test_bench_runs_end_to_end_and_writes_json_and_markdown(tiny, tmp_path):
     random_drafts = [r for r in useless if r["case"] == "random drafts"]
     assert {r["mode"] for r in random_drafts} == {"greedy", "sample t=0.7 top-p=0.9"}
     table = (out / "results.md").read_text()
-    assert "| method | tokens/s | speedup | tokens/forward | acceptance by position |" in table
+    assert TABLE_HEADER in table
     assert "### sweep" in table and "### useless drafts" in table and "| fresh SelfSpecModel per call |" in table
     assert (out / "sweep.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     assert report["records"] == records
@@ -297,14 +419,10 @@ def test_where_the_default_is_a_tree_chains_adds_chain_rows_and_the_sweep_keeps_
     verifies as chains. Medusa's default is a chain (no chain row beside it)."""
     from selfspec.bench.run import main_methods
 
-    methods, specs = main_methods(parse_args(["--chains", "--kernel-off", "--draft-float32"]),
-                                  _loaded_with_heads(torch.float32), [])
+    methods, specs = main_methods(parse_args(["--chains", "--kernel-off"]), _loaded_with_heads(torch.float32), [])
     by_name = {m.name: m for m in methods}
     assert by_name["selfspec eagle tree=10 (default)"].spec.tree_size == 10
     assert by_name["selfspec eagle tree=10 (default)"].spec.draft_dtype is torch.bfloat16
-    float32_drafter = by_name["selfspec eagle tree=10 float32 drafter"].spec  # the default's shape, float32 weights
-    assert float32_drafter.tree_size == 10 and float32_drafter.draft_dtype is None
-    assert by_name["selfspec medusa float32 drafter"].spec.draft_dtype is None
     assert by_name["selfspec eagle chain"].spec.tree_size == 0
     assert by_name["selfspec eagle kernel off"].spec.tree_size == 0
     assert by_name["selfspec medusa (default)"].spec.tree_size == 0 and "selfspec medusa chain" not in by_name
@@ -325,13 +443,14 @@ def test_skip_leaves_out_named_rows_but_never_the_baselines():
     model = tiny_text_model(seed=0)
     loaded = Loaded(model, None, None, None, None, None, 1, 1, None, None)
     notes = []
-    methods, _ = main_methods(parse_args(["--skip", "transformers early exit, ngram,generate"]), loaded, notes)
+    methods, _ = main_methods(parse_args(["--skip", "transformers early exit, ngram,generate",
+                                          "--transformers-assisted"]), loaded, notes)
     names = [m.name for m in methods]
     assert GENERATE in names and OFF in names
     assert not any("transformers early exit" in n or "ngram" in n for n in names)
-    assert "selfspec early_exit L=1 (default)" in names and any("prompt lookup" in n for n in names)
+    assert "selfspec early_exit L=1 untrained (default)" in names and any("prompt lookup" in n for n in names)
     assert any("left out with --skip" in note and "ngram" in note for note in notes)
-    all_names = [m.name for m in main_methods(parse_args([]), loaded, [])[0]]
+    all_names = [m.name for m in main_methods(parse_args(["--transformers-assisted"]), loaded, [])[0]]
     assert len(all_names) == len(names) + 2
 
 
@@ -407,3 +526,93 @@ def test_useless_prompts_zero_leaves_the_check_out(monkeypatch):
 
     monkeypatch.setattr(bench_run, "useless_cases", lambda *args, **kwargs: pytest.fail("no case should be built"))
     assert bench_run.useless_drafts(BenchSettings(useless_prompts=0), None, [], Deadline(None), []) == ([], False)
+
+
+# -- llama.cpp ----------------------------------------------------------------------------------------------------
+
+
+def test_llama_cpp_without_the_package_exits_with_the_install_command(tiny, monkeypatch):
+    import sys
+
+    from selfspec.bench.llama_cpp import INSTALL
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # `import llama_cpp` raises ImportError
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", str(tiny / "model"), "--llama-cpp"])
+    message = str(exit_info.value)
+    assert "llama-cpp-python" in message and INSTALL in message and "\n" not in message
+
+
+def test_llama_cpp_needs_a_gguf_model(tiny, monkeypatch):
+    import sys
+    import types
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=object))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--model", str(tiny / "model"), "--llama-cpp"])
+    assert "GGUF" in str(exit_info.value) and str(tiny / "model") in str(exit_info.value)
+
+
+class FakeLlama:
+    """llama_cpp.Llama's calls the benchmark makes: generate yields a fixed stream of tokens."""
+
+    instances = []
+
+    def __init__(self, **kwargs):
+        self.kwargs, self.calls, self.events = kwargs, [], []
+        FakeLlama.instances.append(self)
+
+    def set_seed(self, seed):
+        self.events.append(("seed", seed))
+
+    def reset(self):
+        self.events.append(("reset",))
+
+    def generate(self, tokens, **options):
+        self.calls.append((list(tokens), options))
+        yield from [11, 12, 13, 2, 14, 15, 16, 17]  # 2: EOS
+
+
+def test_llama_cpp_row_feeds_the_same_ids_and_stops_like_the_others(tmp_path, monkeypatch):
+    """Same token ids in; EOS or max_new_tokens ends a run; the context is reset before every run (prefill paid);
+    greedy at temperature 0, sampling at T and top-p alone (llama.cpp's default top-k 40 and min-p 0.05 off)."""
+    import sys
+    import types
+
+    from selfspec.bench.llama_cpp import llama_cpp_method
+    from selfspec.bench.methods import SEEDED
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    method = llama_cpp_method(str(gguf), 3, [2, 99], threads=1, seed=0)
+    llama = FakeLlama.instances[-1]
+    assert llama.kwargs["model_path"] == str(gguf) and llama.kwargs["n_threads"] == 1
+    prompt = torch.tensor([[5, 6, 7]])
+    run = method.run(prompt, GREEDY, 42)
+    assert run.token_ids == [11, 12, 13] and run.new_tokens == run.target_forwards == 3  # max_new_tokens
+    assert llama.calls[-1][0] == [5, 6, 7] and llama.calls[-1][1]["temp"] == 0.0
+    assert llama.events[-2:] == [("seed", 42), ("reset",)]
+    long = llama_cpp_method(str(gguf), 10, 2, threads=2)
+    run = long.run(prompt, SAMPLE, 7)
+    assert run.token_ids == [11, 12, 13, 2]  # stopped at EOS, which it keeps (as generate does)
+    options = FakeLlama.instances[-1].calls[-1][1]
+    assert (options["temp"], options["top_p"], options["top_k"], options["min_p"]) == (0.7, 0.9, 0, 0.0)
+    assert options["repeat_penalty"] == 1.0
+    with pytest.raises(ValueError, match="seed"):
+        long.run(prompt, SEEDED, 7)
+
+
+def test_seeded_mode_passes_the_runs_seed_and_unseeded_modes_pass_none(monkeypatch):
+    """Catches (planted): the seeded mode run without seed= (its tokens would then follow the global generator)."""
+    from selfspec.bench.methods import SEEDED, selfspec_method
+    from selfspec.engine import SelfSpecModel
+
+    spec = SelfSpecModel(tiny_text_model(seed=0, dtype=torch.float64), drafter="ngram")
+    seen = []
+    generate = spec.generate
+    monkeypatch.setattr(spec, "generate", lambda *a, **kw: seen.append(kw.get("seed")) or generate(*a, **kw))
+    method = selfspec_method("ngram", lambda: spec, 4, None, "ngram")
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    runs = [method.run(prompt, mode, 123) for mode in (GREEDY, SAMPLE, SEEDED, SEEDED)]
+    assert seen == [None, None, 123, 123] and runs[2].token_ids == runs[3].token_ids and runs[2].new_tokens == 4

@@ -4,12 +4,14 @@ import pytest
 
 from selfspec import SelfSpecModel
 from selfspec.bench import batch as bench
+from selfspec.bench.settings import REFERENCE
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
 
 
-def test_settings_and_default_out():
-    settings = bench.parse_args(["--model", "examples/reference/model", "--batch-sizes", "1,4"])
-    assert bench.batch_sizes(settings) == [1, 4] and settings.out.endswith("examples/reference/bench/batch")
+def test_settings_and_default_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    settings = bench.parse_args(["--model", str(REFERENCE / "model"), "--batch-sizes", "1,4"])
+    assert bench.batch_sizes(settings) == [1, 4] and settings.out == str(tmp_path / "bench-results" / "reference" / "batch")
     with pytest.raises(SystemExit):
         bench.parse_args(["--batch-sizes", "0,x"])
     assert bench.parse_args(["--exit-layer", "2"]).exit_layer == 2  # early exit's rows (an int, not "2")
