@@ -1,241 +1,44 @@
-"""EAGLE-style draft head: one decoder layer of the base's own architecture that runs autoregressively on the base's
-features. Input at position t: the base's final (post-norm) hidden state h_t and the embedding of token t+1; output:
-a predicted feature for position t+1, which the base's LM head (optionally restricted to a draft vocabulary) turns
-into a guess for token t+2, and which is fed back as the next input's feature.
+"""The EAGLE head as users load and save it: `heads/eagle_module.py`'s module, reading and writing every supported
+directory format. Dispatch only: this module imports the formats, which import the module, never this file.
 
-Two layouts of the same idea (`EagleConfig.layout`):
-
-    "selfspec" (ours, the default):
-        fused = W [rmsnorm(h_t); rmsnorm(embed(x_{t+1}))]        (2H -> H)
-        f_{t+1} = norm(decoder_layer(fused))
-    "eagle1" (published EAGLE-1/2 heads and vLLM's EAGLE-1 drafter, see `heads/eagle_formats.py`):
-        fused = W [embed(x_{t+1}); h_t] (+ b)                    (embedding first, neither normed)
-        f_{t+1} = decoder_layer(fused)                           (layer 0 without its input norm, no output norm)
-
-Both read the same post-norm h_t and send f_{t+1} straight to the base's LM head. The layer is the base family's own
-class (found through `transformers`, never copied); the embedding and LM head are the base's, passed in at call time,
-so the head adds about 3 % of SmolLM2's parameters. Knows the module and its own checkpoint; other layouts on disk
-live in `heads/eagle_formats.py`; the drafter (`selfspec/drafters/eagle.py`) runs it with its own small KV cache.
+    EagleHead.from_pretrained(directory, model=model)   # selfspec's own format, a published EAGLE-1/2 head, a vLLM
+                                                        # EAGLE-1 export or a `speculators` EAGLE / EAGLE-3 export
+    head.save_pretrained(directory, format="selfspec")  # or "vllm" ("eagle1" layout) or "speculators"
 """
 from __future__ import annotations
 
-import copy
 import os
-import sys
-from dataclasses import asdict, dataclass
 
-import torch
-from torch import nn
+from heads import eagle_formats, eagle_speculators
+from heads.checkpoint import read_config
+from heads.eagle_module import (  # noqa: F401  (the public names of heads.eagle)
+    FORMAT_NAME, LAYOUTS, EagleConfig, EagleModule, default_feature_layers, is_eagle_config, layer_classes,
+    layer_config,
+)
 
-from heads.checkpoint import BaseIdentity, attach, load_weights, read_config, save_checkpoint
-
-FORMAT_NAME = "selfspec-eagle"
-LAYOUTS = ("selfspec", "eagle1")
-
-
-def is_eagle_config(raw: dict) -> bool:
-    """Whether a heads directory's config.json describes an EAGLE head (selfspec's format or its kind)."""
-    return raw.get("format") == FORMAT_NAME or raw.get("kind") == "eagle"
+FORMATS = ("selfspec", "vllm", "speculators")
 
 
-@dataclass(frozen=True)
-class EagleConfig:
-    base: BaseIdentity
-    # The config its decoder layers are built from (`to_dict()` with model_type): the base's text config, or for a
-    # published head its own config.json. Rebuilds the layer class without the base.
-    base_config: dict
-    num_layers: int = 1
-    draft_vocab_size: int = 0  # 0: the full vocabulary; N > 0: a `draft_vocab` buffer of N ids is stored
-    layout: str = "selfspec"  # "selfspec" (input and output norms) or "eagle1" (published EAGLE-1/2, vLLM): see above
-    fuse_bias: bool = False  # the fusion has a bias: only published EAGLE-1 heads trained with one (vLLM has none)
-
-    def __post_init__(self):
-        if self.layout not in LAYOUTS:
-            raise ValueError(f"unknown EAGLE head layout {self.layout!r}; choose one of {LAYOUTS}")
-        if self.fuse_bias and self.layout != "eagle1":
-            raise ValueError("only the 'eagle1' layout has a fusion bias")
-
-
-def layer_config(base_config, num_layers: int):
-    """A copy of the base's text config describing `num_layers` decoder layers, sdpa attention."""
-    from transformers import AutoConfig, PretrainedConfig
-
-    if isinstance(base_config, dict):
-        raw = dict(base_config)
-        config = AutoConfig.for_model(raw.pop("model_type"), **raw)
-    else:
-        config = copy.deepcopy(base_config.get_text_config(decoder=True) if isinstance(base_config, PretrainedConfig) else base_config)
-    config.num_hidden_layers = num_layers
-    if getattr(config, "layer_types", None) is not None:
-        config.layer_types = list(config.layer_types)[:num_layers]
-    config._attn_implementation = "sdpa"
-    config.use_cache = True
-    return config
-
-
-def layer_classes(config, model=None) -> tuple[type, type | None]:
-    """(decoder layer class, rotary embedding class or None) of the base's family: taken from the model when given,
-    else from `transformers`' registry (the base model class's `_no_split_modules` names its layer)."""
-    if model is not None:
-        decoder = model.get_decoder()
-        layers = getattr(decoder, "layers", None)
-        if isinstance(layers, nn.ModuleList) and len(layers):
-            rotary = getattr(decoder, "rotary_emb", None)
-            return type(layers[0]), type(rotary) if rotary is not None else None
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-    try:
-        base_class = MODEL_MAPPING[type(config)]
-    except KeyError as err:
-        raise NotImplementedError(f"no transformers model class for {type(config).__name__}") from err
-    module = sys.modules[base_class.__module__]
-    names = [n for n in getattr(base_class, "_no_split_modules", None) or [] if n.endswith("DecoderLayer")]
-    if not names or not hasattr(module, names[0]):
-        raise NotImplementedError(
-            f"cannot find the decoder layer class of {base_class.__name__}: EAGLE heads support Llama-style decoders "
-            "(Llama, Mistral, Qwen2, Qwen3, Gemma, Phi-3); use drafter='medusa' or 'ngram' for others"
-        )
-    prefix = names[0][: -len("DecoderLayer")]
-    rotary = getattr(module, f"{prefix}RotaryEmbedding", None)
-    return getattr(module, names[0]), rotary
-
-
-class EagleHead(nn.Module):
-    def __init__(self, config: EagleConfig, model=None):
-        super().__init__()
-        self.config = config
-        hidden = config.base.hidden_size
-        self.layer_config = layer_config(config.base_config, config.num_layers)
-        layer_class, rotary_class = layer_classes(self.layer_config, model)
-        eps = getattr(self.layer_config, "rms_norm_eps", None) or getattr(self.layer_config, "layer_norm_epsilon", 1e-6)
-        published = config.layout == "eagle1"
-        # Identity norms hold no weights, so each layout's state dict names exactly what it has.
-        self.feature_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
-        self.embedding_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
-        self.fuse = nn.Linear(2 * hidden, hidden, bias=config.fuse_bias)
-        self.layers = nn.ModuleList(layer_class(self.layer_config, layer_idx=i) for i in range(config.num_layers))
-        if published:
-            _drop_input_norm(self.layers[0])
-        self.norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
-        self.rotary_emb = rotary_class(self.layer_config) if rotary_class is not None else None
-        if config.draft_vocab_size:
-            self.register_buffer("draft_vocab", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-        else:
-            self.draft_vocab = None
-
-    @classmethod
-    def for_model(
-        cls, model, num_layers: int = 1, draft_vocab: torch.Tensor | None = None, layout: str = "selfspec",
-    ) -> EagleHead:
-        """A fresh head for `model` on its device and dtype; the fusion starts as "take the feature" (W = [I, 0], or
-        [0, I] in the "eagle1" layout, whose concatenation puts the embedding first), so an untrained head already
-        guesses what a Medusa head at the identity would. layout="eagle1" trains a head vLLM can serve."""
-        text_config = model.config.get_text_config(decoder=True)
-        raw = text_config.to_dict()
-        raw["model_type"] = text_config.model_type
-        config = EagleConfig(BaseIdentity.of(model), raw, num_layers, 0 if draft_vocab is None else len(draft_vocab),
-                             layout=layout)
-        head = cls(config, model)
-        with torch.no_grad():
-            hidden = config.base.hidden_size
-            head.fuse.weight.zero_()
-            feature_columns = slice(hidden, 2 * hidden) if layout == "eagle1" else slice(0, hidden)
-            head.fuse.weight[:, feature_columns].copy_(torch.eye(hidden))
-            for layer in head.layers:  # zero the residual branches' outputs: the fresh layer is the identity
-                for linear in _output_projections(layer):
-                    linear.weight.zero_()
-            base_norm = getattr(model.get_decoder(), "norm", None) if layout == "selfspec" else None
-            weight = getattr(base_norm, "weight", None)
-            if weight is not None and weight.shape == head.norm.weight.shape:
-                # The base's features carry its final norm's weight w. Undo it on the way in and apply it on the way
-                # out, so a fresh head maps a feature to (about) itself instead of scaling it by w twice (which made
-                # SmolLM2's initial logits wildly over-confident: a loss of 36 nats).
-                safe = torch.where(weight.abs() < 0.05, torch.where(weight < 0, -0.05, 0.05).to(weight), weight)
-                head.feature_norm.weight.copy_(1.0 / safe)
-                head.norm.weight.copy_(weight)
-            if draft_vocab is not None:
-                head.draft_vocab.copy_(draft_vocab)
-        return attach(head, model, config.base, "the EAGLE head").train()
-
-    @property
-    def num_parameters(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def new_cache(self):
-        """The head's own KV cache (one entry per position it has read), rolled back by length like the main one."""
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.layer_config)
-
-    def forward(
-        self, features: torch.Tensor, next_embeddings: torch.Tensor, position_ids: torch.Tensor, cache=None,
-        attention_mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """features [B, T, H] (h_t), next_embeddings [B, T, H] (embed(x_{t+1})), position_ids [B, T] (t) ->
-        [B, T, H] predicted post-norm features for positions t+1 (what the LM head reads, in both layouts). With
-        `cache`, the T positions follow its contents.
-        attention_mask: None (causal), or a 4D additive float mask [B, 1, T, cached + T] used as given (a tree of
-        drafts: each row attends to the cached entries of its own path only)."""
-        from transformers.masking_utils import create_causal_mask
-
-        if self.config.layout == "eagle1":  # published order: embedding first, neither normed
-            fused = self.fuse(torch.cat([next_embeddings, features], dim=-1))
-        else:
-            fused = self.fuse(torch.cat([self.feature_norm(features), self.embedding_norm(next_embeddings)], dim=-1))
-        extra = {}
-        if self.rotary_emb is not None:
-            extra["position_embeddings"] = self.rotary_emb(fused, position_ids)
-        mask = create_causal_mask(
-            config=self.layer_config, inputs_embeds=fused, attention_mask=attention_mask, cache=cache,
-            position_ids=position_ids,
-        )
-        hidden = fused
-        for layer in self.layers:
-            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
-                           use_cache=cache is not None, **extra)
-        return self.norm(hidden)
-
-    def check_base(self, model, what: str = "this EAGLE head", check_identity: bool = True) -> None:
-        self.config.base.check_matches(BaseIdentity.of(model), what, check_identity)
-
+class EagleHead(EagleModule):
     def save_pretrained(self, directory: str | os.PathLike, format: str = "selfspec", model=None) -> None:
-        """Write config.json + model.safetensors; format="vllm" writes an "eagle1" head as vLLM's EAGLE-1 draft model
-        (`heads/eagle_formats.py`; with `model`, also the base's embedding, which SafeAILab/EAGLE's loader needs)."""
+        """Write config.json + model.safetensors. format="vllm" writes an "eagle1" head as vLLM's EAGLE-1 draft model
+        (with `model`, also the base's embedding, which SafeAILab/EAGLE's loader needs); format="speculators" writes
+        the `speculators` package's EAGLE or EAGLE-3 layout (`heads/eagle_speculators.py`)."""
         if format == "vllm":
-            from heads.eagle_formats import save_vllm
-
-            return save_vllm(self, directory, model=model)
+            return eagle_formats.save_vllm(self, directory, model=model)
+        if format == "speculators":
+            return eagle_speculators.save_speculators(self, directory, model=model)
         if format != "selfspec":
-            raise ValueError(f"unknown EAGLE head format {format!r}; choose 'selfspec' or 'vllm'")
-        save_checkpoint(self, directory, {**asdict(self.config), "format": FORMAT_NAME, "kind": "eagle"})
+            raise ValueError(f"unknown EAGLE head format {format!r}; choose one of {FORMATS}")
+        self.save_native(directory)
 
     @classmethod
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> EagleHead:
-        """Load a head saved by `save_pretrained` (either layout), a published EAGLE-1/2 head or a vLLM EAGLE-1 export;
+        """Load a head saved by `save_pretrained` (any format), a published EAGLE-1/2 head or a vLLM EAGLE-1 export;
         with `model`, check it fits and move it to the model's device and dtype."""
         raw = read_config(directory, "an EAGLE head directory")
-        if raw.get("format") != FORMAT_NAME:
-            from heads.eagle_formats import load_eagle1  # published EAGLE-1/2 heads and vLLM exports
-
-            return load_eagle1(directory, raw, model, check_base)
-        config = EagleConfig(BaseIdentity.from_dict(raw["base"]), raw["base_config"], raw["num_layers"],
-                             raw.get("draft_vocab_size", 0), raw.get("layout", "selfspec"), raw.get("fuse_bias", False))
-        head = load_weights(cls(config, model), directory)
-        if model is not None:
-            head = attach(head, model, config.base, f"the EAGLE head in {directory!r}", check_identity=check_base)
-        return head.eval()
-
-
-def _drop_input_norm(layer: nn.Module) -> None:
-    """EAGLE-1's first layer reads the fusion's output unnormed: its input norm becomes the identity (as in vLLM)."""
-    if not isinstance(getattr(layer, "input_layernorm", None), nn.Module):
-        raise NotImplementedError(
-            f"{type(layer).__name__} has no `input_layernorm` to drop: the 'eagle1' layout supports Llama-style layers"
-        )
-    layer.input_layernorm = nn.Identity()
-
-
-def _output_projections(layer: nn.Module) -> list[nn.Linear]:
-    """The linear layers that write into a decoder layer's residual stream (attention out, MLP down)."""
-    names = ("o_proj", "down_proj", "dense", "c_proj", "out_proj", "fc2")
-    return [m for n, m in layer.named_modules() if n.rsplit(".", 1)[-1] in names and isinstance(m, nn.Linear)]
+        if raw.get("format") == FORMAT_NAME:
+            return cls.load_native(directory, raw, model, check_base)
+        if eagle_speculators.is_speculators_config(raw):
+            return eagle_speculators.load_speculators(cls, directory, raw, model, check_base)
+        return eagle_formats.load_eagle1(cls, directory, raw, model, check_base)

@@ -1,5 +1,5 @@
 """EAGLE heads in other directory layouts: published EAGLE-1/2 heads (read) and vLLM's EAGLE-1 draft model (write
-and read). Both hold the "eagle1" layout of `heads/eagle.py`; this module knows file layouts and key names only.
+and read). Both hold the "eagle1" layout of `heads/eagle_module.py`; this module knows file layouts and key names only.
 
 What the published heads compute, as read in SafeAILab/EAGLE (`eagle/model/cnets1.py`, the EAGLE-1/2 head;
 `eagle/model/cnets.py` in older commits; `eagle/model/ea_model.py`; `eagle/model/modeling_llama_kv.py`):
@@ -41,7 +41,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, load_state_in_its_dtype
-from heads.eagle import EagleConfig, EagleHead
+from heads.eagle_module import EagleConfig
 
 PUBLISHED_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 VLLM_ARCHITECTURE = "LlamaForCausalLM"  # vLLM's EAGLEConfig makes it EagleLlamaForCausalLM
@@ -49,8 +49,8 @@ BASE_KEY = "selfspec_base"  # the base identity (with its LM-head signature) tha
 TRAIN_ONE = "train one for this model with `python -m training.heads --kind eagle --eagle-layout eagle1`"
 
 
-def load_eagle1(directory, raw_config: dict, model=None, check_base: bool = True) -> EagleHead:
-    """A published EAGLE-1/2 head or a vLLM EAGLE-1 export in `directory` -> an "eagle1" EagleHead; with
+def load_eagle1(cls, directory, raw_config: dict, model=None, check_base: bool = True):
+    """A published EAGLE-1/2 head or a vLLM EAGLE-1 export in `directory` -> an "eagle1" head of class `cls`; with
     `model`, checked against it (hidden size, vocabulary, and the head's stored embedding unless check_base=False)
     and placed on it."""
     found = [os.path.join(directory, name) for name in PUBLISHED_WEIGHTS]
@@ -90,7 +90,7 @@ def load_eagle1(directory, raw_config: dict, model=None, check_base: bool = True
     layer_description.setdefault("model_type", "llama")
     config = EagleConfig(base, layer_description, int(raw_config["num_hidden_layers"]), layout="eagle1",
                          fuse_bias="fc.bias" in state)
-    head = EagleHead(config)  # layers of the class its config.json names
+    head = cls(config)  # layers of the class its config.json names
     load_state_in_its_dtype(head, our_state(state, head.state_dict(), directory))
     if model is not None:
         head = attach(head, model, base, f"the EAGLE head in {directory!r}", check_identity=check_base)
