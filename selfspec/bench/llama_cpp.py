@@ -53,8 +53,8 @@ def llama_cpp_method(model: str, max_new_tokens: int, eos_token_id, threads: int
     stops = set(eos_token_id if isinstance(eos_token_id, list) else [] if eos_token_id is None else [eos_token_id])
     plain = dict(top_k=0, min_p=0.0, typical_p=1.0, repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0)
 
-    def run(prompt: torch.Tensor, mode: Mode, seed: int) -> Run:
-        if mode.seeded:
+    def run(prompt: torch.Tensor, mode: Mode, seed: int, max_new_tokens: int = max_new_tokens) -> Run:
+        if mode.selfspec_only:
             raise ValueError("llama.cpp has no seed= that selfspec's seeded tokens could match: run it unseeded")
         options = {**plain, "temp": mode.temperature, "top_p": mode.top_p or 1.0} if mode.do_sample else {
             **plain, "temp": 0.0}

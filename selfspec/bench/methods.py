@@ -24,7 +24,10 @@ class Mode:
     """A decoding mode, identical for every method (transformers gets top_k=0: no implicit top-k in any version).
 
     seeded: selfspec's `generate(seed=...)` with the run's seed (the same for every method on a prompt and round), so
-    two methods' tokens can be compared; unseeded sampling draws from the global generator, as a user's call does.
+    two methods' tokens can be compared; unseeded sampling draws from the global generator, as a user's call does
+    (selfspec: rejection sampling). keyed: an unseeded call that draws a fresh seed from the global generator and
+    passes it as seed= (the keyed coupling of `selfspec/seeded.py`, as a `seed=random` default would decode).
+    title: the mode's column group in the table.
     """
 
     name: str
@@ -32,12 +35,31 @@ class Mode:
     temperature: float = 1.0
     top_p: float | None = None
     seeded: bool = False
+    keyed: bool = False
+    title: str = ""
+
+    @property
+    def selfspec_only(self) -> bool:
+        """Seeded and keyed modes pass selfspec's seed=, which transformers' generate and llama.cpp do not take."""
+        return self.seeded or self.keyed
 
 
-GREEDY = Mode("greedy", False)
-SAMPLE = Mode("sample t=0.7 top-p=0.9", True, 0.7, 0.9)
-SEEDED = Mode("sample t=0.7 top-p=0.9 seeded", True, 0.7, 0.9, seeded=True)
-SAMPLE_T1 = Mode("sample t=1.0", True, 1.0)
+GREEDY = Mode("greedy", False, title="greedy")
+SAMPLE = Mode("sample t=0.7 top-p=0.9", True, 0.7, 0.9, title="sampled")
+SEEDED = Mode("sample t=0.7 top-p=0.9 seeded", True, 0.7, 0.9, seeded=True, title="seeded")
+KEYED = Mode("sample t=0.7 top-p=0.9 keyed", True, 0.7, 0.9, keyed=True, title="keyed")
+SAMPLE_T1 = Mode("sample t=1.0", True, 1.0, title="sampled T=1")
+KEYED_T1 = Mode("sample t=1.0 keyed", True, 1.0, keyed=True, title="keyed T=1")
+
+
+def run_seed_argument(mode: Mode, seed: int) -> dict:
+    """selfspec's seed= for a run of `mode` whose global generator was just seeded with `seed`: the run's seed
+    (seeded), a fresh one drawn from the global generator (keyed), or none (unseeded: rejection sampling)."""
+    if mode.seeded:
+        return {"seed": seed}
+    if mode.keyed:
+        return {"seed": int(torch.randint(0, 2**63 - 1, (1,)))}
+    return {}
 
 
 @dataclass
@@ -61,7 +83,7 @@ class Run:
 class Method:
     name: str  # e.g. "selfspec medusa (default)"
     family: str  # "transformers" or "selfspec"
-    run: Callable[[torch.Tensor, Mode, int], Run]  # ([1, T] prompt, mode, seed) -> Run
+    run: Callable[..., Run]  # ([1, T] prompt, mode, seed, max_new_tokens=the method's) -> Run
     drafter: str = "none"  # what drafts: "none", "medusa", "ngram", "early_exit", "eagle", "prompt_lookup", ...
     num_draft_tokens: int | str | None = None  # None: the drafter's default
     extra_parameters: int = 0  # parameters beyond the target model's (heads, draft model)
@@ -127,8 +149,8 @@ def transformers_method(name: str, model, max_new_tokens: int, eos_token_id, pad
 
     counter = ForwardCounter(model)
 
-    def run(prompt: torch.Tensor, mode: Mode, seed: int) -> Run:
-        if mode.seeded:
+    def run(prompt: torch.Tensor, mode: Mode, seed: int, max_new_tokens: int = max_new_tokens) -> Run:
+        if mode.selfspec_only:
             raise ValueError(f"{name}: transformers has no seed= for generate; run it in the unseeded modes only")
         kwargs = dict(max_new_tokens=max_new_tokens, do_sample=mode.do_sample, eos_token_id=eos_token_id,
                       pad_token_id=pad_token_id, attention_mask=torch.ones_like(prompt))
@@ -164,11 +186,12 @@ def selfspec_method(name: str, make: Callable[[], SelfSpecModel], max_new_tokens
     kept = None if fresh else make()
     options = {} if num_draft_tokens is None else {"num_draft_tokens": num_draft_tokens}
 
-    def run(prompt: torch.Tensor, mode: Mode, seed: int) -> Run:
+    def run(prompt: torch.Tensor, mode: Mode, seed: int, max_new_tokens: int = max_new_tokens) -> Run:
         # Unseeded sampling: the global generator, seeded as for `transformers` (what a user gets by default). The
-        # seeded mode passes seed= itself: reproducible tokens, comparable between methods.
+        # seeded mode passes seed= itself: reproducible tokens, comparable between methods; the keyed mode a seed
+        # drawn from that generator (the same for every method on a prompt and round, so its tokens match too).
         torch.manual_seed(seed)
-        seeded = {"seed": seed} if mode.seeded else {}
+        seeded = run_seed_argument(mode, seed)
         with Timer(prompt.device) as timer:
             spec = make() if fresh else kept
             out = spec.generate(prompt[0], max_new_tokens=max_new_tokens, do_sample=mode.do_sample,

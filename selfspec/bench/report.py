@@ -41,38 +41,50 @@ def _identical(record) -> str:
     return "" if same is None else f"{same[0]}/{same[1]}"
 
 
-# The table's column groups: (title, which records, [(column, cell)]); a method with no record in a group (generate
-# and llama.cpp are never seeded) leaves its cells empty.
+# The table's columns per kind of mode: one column group per mode that ran, in the order the modes ran; a method
+# with no record in a mode (generate and llama.cpp are never seeded or keyed) leaves that group's cells empty.
 def _x(key):
-    return lambda r: _spread(r[key], r[key + "_range"], suffix="x")
+    return lambda r: _spread(r.get(key), r.get(key + "_range"), suffix="x")
 
 
-COLUMNS = (
-    ("greedy", lambda r: not r["do_sample"], [
-        ("tokens/s", lambda r: _spread(r["tokens_per_second"], r["tokens_per_second_range"], "{:.1f}")),
-        ("vs generate", _x("speedup")), ("vs speculation off", _x("vs_speculation_off")),
-        ("tokens/forward", lambda r: _num(r["tokens_per_forward"])), ("identical to generate", _identical)]),
-    ("sampled", lambda r: r["do_sample"] and not r.get("seeded"), [
-        ("vs generate", _x("speedup")), ("vs speculation off", _x("vs_speculation_off")),
-        ("tokens/forward", lambda r: _num(r["tokens_per_forward"]))]),
-    ("seeded", lambda r: r.get("seeded", False), [
-        ("vs speculation off", _x("vs_speculation_off")), ("tokens/forward", lambda r: _num(r["tokens_per_forward"])),
-        ("identical to speculation off", _identical)]),
-)
+def _tokens_per_forward(record) -> str:
+    return _num(record["tokens_per_forward"])
+
+
+COLUMNS = {
+    "greedy": [("tokens/s", lambda r: _spread(r["tokens_per_second"], r["tokens_per_second_range"], "{:.1f}")),
+               ("vs generate", _x("speedup")), ("vs speculation off", _x("vs_speculation_off")),
+               ("tokens/forward", _tokens_per_forward), ("identical to generate", _identical)],
+    "sampled": [("vs generate", _x("speedup")), ("vs speculation off", _x("vs_speculation_off")),
+                ("tokens/forward", _tokens_per_forward)],
+    "keyed": [("vs speculation off (unseeded)", _x("vs_unseeded_off")), ("tokens/forward", _tokens_per_forward)],
+    "seeded": [("vs speculation off", _x("vs_speculation_off")), ("tokens/forward", _tokens_per_forward),
+               ("identical to speculation off", _identical)],
+}
+
+
+def _kind(record) -> str:
+    if not record["do_sample"]:
+        return "greedy"
+    return "seeded" if record.get("seeded") else "keyed" if record.get("keyed") else "sampled"
 
 
 def main_table(records: list[dict]) -> list[str]:
-    """One row per method, one column group per kind of mode that ran (greedy, sampled, seeded sampled)."""
-    groups = [(title, [r for r in records if which(r)], cells) for title, which, cells in COLUMNS]
-    groups = [(title, rows, cells) for title, rows, cells in groups if rows]
-    if not groups:
+    """One row per method, one column group per mode that ran (greedy, sampled, keyed, seeded sampled)."""
+    modes = list(dict.fromkeys(r["mode"] for r in records))
+    if not modes:
         return []
+    groups = []
+    for mode in modes:
+        rows = {r["method"]: r for r in records if r["mode"] == mode}
+        first = next(iter(rows.values()))
+        groups.append((first.get("title") or mode, rows, COLUMNS[_kind(first)]))
     header = ["method"] + [f"{title}: {column}" for title, _, cells in groups for column, _ in cells]
     lines = ["", "| " + " | ".join(header) + " |", "|---" * len(header) + "|"]
     for method in dict.fromkeys(r["method"] for r in records):
         row = [method]
         for _, rows, cells in groups:
-            record = next((r for r in rows if r["method"] == method), None)
+            record = rows.get(method)
             row += [cell(record) if record is not None else "" for _, cell in cells]
         lines.append("| " + " | ".join(row) + " |")
     return lines
@@ -80,10 +92,21 @@ def main_table(records: list[dict]) -> list[str]:
 
 def _caption(report: dict) -> str:
     m, s = report["machine"], report["settings"]
-    sampled = next((r for r in report["records"] if r["do_sample"]), None)
-    how = (f"sampled: temperature {sampled['temperature']:g}, top-p {sampled['top_p']:g}, without a seed (the global "
-           "generator, as a user's call) and with selfspec's seed= (the same seed per prompt and round for every "
-           "method); " if sampled else "")
+    kinds = {}
+    for r in report["records"]:
+        kinds.setdefault(_kind(r), {}).setdefault((r["temperature"], r["top_p"]), r)
+    how = ""
+    if "sampled" in kinds or "seeded" in kinds:
+        settings = list({**kinds.get("sampled", {}), **kinds.get("seeded", {})})
+        how += "Sampled: " + " and ".join(f"temperature {t:g}" + (f", top-p {p:g}" if p else " without top-p")
+                                          for t, p in settings)
+        how += ", without a seed (the global generator, as a user's call; selfspec verifies by rejection sampling). "
+    if "seeded" in kinds:
+        how += ("Seeded: the same with selfspec's seed= (the same seed per prompt and round for every method; tokens "
+                "compared with speculation off's under that seed). ")
+    if "keyed" in kinds:
+        how += ("Keyed: unseeded calls that each draw a fresh seed and pass it as seed= (the keyed coupling), speedups "
+                "over unseeded speculation off at the same temperature. ")
     return (
         f"Machine: {m['device_name']}, {m['cpus_available']} CPUs available, torch {m['torch']} with "
         f"{m['torch_threads']} thread(s), transformers {m['transformers']}, Python {m['python']}; load average "

@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 
 from selfspec.bench.machine import machine_info
-from selfspec.bench.methods import GREEDY, SAMPLE, SEEDED, Method, selfspec_method, transformers_method
+from selfspec.bench.methods import (
+    GREEDY, KEYED, KEYED_T1, SAMPLE, SAMPLE_T1, SEEDED, Method, Mode, selfspec_method, transformers_method,
+)
 from selfspec.bench.models import Loaded, check_paths, load, parameters
 from selfspec.bench.prompts import label, prompt_ids, prompt_texts
 from selfspec.bench.report import markdown, write_outputs
@@ -25,12 +27,21 @@ from selfspec.engine import SelfSpecModel
 
 GENERATE = "generate"
 OFF = "selfspec speculation off"
-MODES = (GREEDY, SAMPLE, SEEDED)
-UNSEEDED = (GREEDY, SAMPLE)  # transformers' and llama.cpp's modes: neither takes selfspec's seed=
 BASELINES = {"speedup": GENERATE, "vs_speculation_off": OFF}
-# greedy tokens must equal generate's; seeded ones, speculation off's with the same seed (what an engine whose seeded
-# tokens do not depend on drafting gives)
-IDENTICAL_TO = {GREEDY.name: GENERATE, SEEDED.name: OFF}
+# greedy tokens must equal generate's; seeded (and keyed: one drawn seed per prompt and round for every method) ones
+# speculation off's with the same seed (what an engine whose seeded tokens do not depend on drafting gives)
+IDENTICAL_TO = {GREEDY.name: GENERATE, SEEDED.name: OFF, KEYED.name: OFF, KEYED_T1.name: OFF}
+# keyed rows are priced against unseeded speculation off at their temperature: beside the unseeded rows' own
+# "vs speculation off", the two unseeded paths' speeds share one denominator
+ACROSS_MODES = {"vs_unseeded_off": (OFF, {KEYED.name: SAMPLE.name, KEYED_T1.name: SAMPLE_T1.name})}
+
+
+def main_modes(settings: BenchSettings) -> tuple[Mode, ...]:
+    """The main table's modes: greedy, sampled and seeded (the README's table); --t1 and --unseeded-keyed add theirs."""
+    modes = [GREEDY, SAMPLE] + ([KEYED] if settings.unseeded_keyed else []) + [SEEDED]
+    if settings.t1:
+        modes += [SAMPLE_T1] + ([KEYED_T1] if settings.unseeded_keyed else [])
+    return tuple(modes)
 
 
 def main(argv=None) -> dict:
@@ -67,7 +78,11 @@ def main(argv=None) -> dict:
     max_positions = getattr(loaded.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
     prompts = prompt_ids(loaded.tokenizer, texts, kind, max_positions, settings.max_new_tokens, settings.device)
     methods, specs = main_methods(settings, loaded, notes)
-    warm_up(methods, prompts[0][:, -32:])
+    modes = main_modes(settings)
+    # transformers' and llama.cpp's modes: neither takes selfspec's seed=
+    modes_of = {m.name: tuple(mode for mode in modes if not mode.selfspec_only) for m in methods
+                if m.family != "selfspec"}
+    warm_up(methods, prompts[0][:, -32:], modes, modes_of)
     out = Path(settings.out)
 
     def finish_phase(name: str, stopped: bool) -> bool:
@@ -83,12 +98,11 @@ def main(argv=None) -> dict:
         write_outputs(report, out)
         return stopped
 
-    modes, modes_of = MODES, {m.name: UNSEEDED for m in methods if m.family != "selfspec"}
     print(f"main table: {len(methods)} methods x {len(modes)} modes x {len(prompts)} prompts x {settings.repeats} "
           f"rounds; writing to {out}", file=sys.stderr)
     entries, stopped = run_schedule(methods, prompts, modes, settings.repeats, settings.seed, "main", deadline,
                                     modes_of=modes_of)
-    report["records"] = summarize(entries, [m.name for m in methods], BASELINES, base, IDENTICAL_TO)
+    report["records"] = summarize(entries, [m.name for m in methods], BASELINES, base, IDENTICAL_TO, ACROSS_MODES)
     if not finish_phase("main", stopped):
         report["sweep"], stopped = sweep(settings, loaded, specs, methods[:1] + [_off(methods)], prompts, deadline)
         if not finish_phase("sweep", stopped):
@@ -264,7 +278,8 @@ def useless_drafts(settings: BenchSettings, loaded: Loaded, prompts, deadline, n
     case_prompts = prompts[: settings.useless_prompts]
     methods = baselines + [case.method for case in cases]
     modes = tuple(dict.fromkeys(mode for case in cases for mode in case.modes))
-    warm_up([case.method for case in cases], case_prompts[0][:, -32:])
+    warm_up([case.method for case in cases], case_prompts[0][:, -32:],
+            modes_of={case.method.name: case.modes for case in cases})
     entries, stopped = run_schedule(methods, case_prompts, modes, settings.repeats, settings.seed, "useless drafts",
                                     deadline, modes_of={case.method.name: case.modes for case in cases})
     summary = summarize(entries, [m.name for m in methods], {"speedup": GENERATE, "vs_speculation_off": OFF},

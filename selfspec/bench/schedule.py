@@ -60,9 +60,13 @@ def run_schedule(methods: list[Method], prompts: list[torch.Tensor], modes, repe
     return entries, False
 
 
-def warm_up(methods: list[Method], prompt: torch.Tensor) -> None:
-    """One greedy and one sampled run of each method on a short prompt: first-call allocations, and any first-use
-    measurement a SelfSpecModel makes (the "auto" draft length's verify cost) happen here, not in a timed round."""
+WARM_UP_TOKENS = 16  # enough for first-call allocations and a kernel's first use; a full run would cost minutes
+
+
+def warm_up(methods: list[Method], prompt: torch.Tensor, modes=(GREEDY, SAMPLE),
+            modes_of: dict[str, tuple[Mode, ...]] | None = None) -> None:
+    """One short run of each method in each mode it runs in, on a short prompt: first-call allocations, and any
+    first-use measurement a SelfSpecModel makes, happen here, not in a timed round."""
     for method in methods:
-        for mode in (GREEDY, SAMPLE):
-            method.run(prompt, mode, 0)
+        for mode in (modes_of or {}).get(method.name, modes):
+            method.run(prompt, mode, 0, max_new_tokens=WARM_UP_TOKENS)

@@ -35,6 +35,8 @@ class BenchSettings:
     max_new_tokens: int = 128
     num_prompts: int = 4
     repeats: int = 2
+    t1: bool = False
+    unseeded_keyed: bool = False
     sweep_max: int = 0
     sweep_prompts: int = 2
     useless_prompts: int = 0
@@ -88,6 +90,13 @@ HELP = {
                    "2 cores",
     "repeats": "rounds over all prompts; medians and min-max spreads are over rounds (2: the fewest that show a "
                "spread, within the 20 minutes)",
+    "t1": "also sample at temperature 1.0 without top-p (unseeded, and keyed with --unseeded-keyed): the flattest "
+          "distributions, where the keyed coupling is expected to accept fewer drafts than rejection sampling (which "
+          "accepts as often as any coupling can); off by default (0.7 with top-p 0.9 is the common chat setting)",
+    "unseeded_keyed": "also run every selfspec method with a fresh seed drawn per call and passed as seed= (the keyed "
+                      "coupling a `seed=random` default would use), beside the unseeded rejection-sampling rows: "
+                      "tokens per forward and speed of the two unseeded paths, chain and tree, on the same run; its "
+                      "speedups are over unseeded speculation off; off by default (it adds a third of the run)",
     "sweep_max": "the sweep tries num_draft_tokens 1 .. this per drafter, greedy, and plots it (0, the default: no "
                  "sweep; the table's rows run at the drafters' defaults)",
     "sweep_prompts": "prompts in the sweep (the first ones of the main set)",

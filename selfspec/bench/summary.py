@@ -35,7 +35,8 @@ def _sum_lists(lists: list[list[int]]) -> list[int]:
 
 
 def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str], base_parameters: int,
-              identical_to: dict[str, str] | None = None) -> list[dict]:
+              identical_to: dict[str, str] | None = None,
+              across_modes: dict[str, tuple[str, dict[str, str]]] | None = None) -> list[dict]:
     """One record per (method, mode): modes in the order they were run, methods in `order` (their names).
 
     baselines: record key -> method name, e.g. {"speedup": "generate", "vs_speculation_off": "selfspec speculation
@@ -43,6 +44,9 @@ def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str],
     did not run in the mode).
     identical_to: mode name -> method name: records of that mode get `identical` = [runs whose tokens equal that
     method's on the same round and prompt, runs compared] (default: greedy modes against the first baseline).
+    across_modes: record key -> (method name, {mode name: baseline's mode name}): records of those modes get the
+    ratio against that method in another mode, same rounds (keyed sampling against unseeded speculation off); None
+    in other modes.
     """
     groups: dict[tuple[str, str], list[Entry]] = {}
     for e in sorted(entries, key=lambda e: (e.round, e.prompt)):
@@ -55,6 +59,9 @@ def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str],
         record = _record(group, base_parameters)
         for key, baseline in baselines.items():
             values = ratios(group, groups.get((baseline, mode), []))
+            record[key], record[key + "_range"] = _median(values), _range(values)
+        for key, (baseline, mode_of) in (across_modes or {}).items():
+            values = ratios(group, groups.get((baseline, mode_of[mode]), [])) if mode in mode_of else []
             record[key], record[key + "_range"] = _median(values), _range(values)
         reference = identical_to.get(mode)
         if reference is not None and name != reference:
@@ -98,6 +105,8 @@ def _record(group: list[Entry], base_parameters: int) -> dict:
         "extra_parameters": method.extra_parameters,
         "extra_parameters_fraction": method.extra_parameters / base_parameters if base_parameters else 0.0,
         "seeded": mode.seeded,
+        "keyed": mode.keyed,
+        "title": mode.title or mode.name,
         "identical": None,  # [runs whose tokens equal `identical_to`'s, runs compared]
         "identical_to": None,
     }

@@ -173,6 +173,42 @@ def test_seeded_runs_are_counted_against_speculation_off_with_the_same_seed():
     assert greedy["fast"]["identical"] == [4, 4] and greedy["fast"]["identical_to"] == GENERATE
 
 
+def test_keyed_rows_are_priced_against_unseeded_speculation_off_at_their_temperature():
+    """Keyed sampling's speed shares its denominator with the unseeded rows' (speculation off without a seed), so
+    rejection sampling and the keyed coupling compare directly. Catches (planted): the keyed rows priced against
+    keyed speculation off (2.0x here, not 1.0x) or against another temperature's (None: no pairing)."""
+    from selfspec.bench.methods import KEYED, KEYED_T1, SAMPLE_T1
+    from selfspec.bench.run import ACROSS_MODES, BASELINES, IDENTICAL_TO, OFF
+
+    off, fast = _method(OFF), _method("fast", "eagle")
+    entries = []
+    for round_ in range(2):
+        entries += [_entry(off, SAMPLE, round_, 0, 10, 1.0, 10), _entry(fast, SAMPLE, round_, 0, 10, 0.5, 5),
+                    _entry(off, KEYED, round_, 0, 10, 2.0, 10), _entry(fast, KEYED, round_, 0, 10, 1.0, 6),
+                    _entry(off, SAMPLE_T1, round_, 0, 10, 4.0, 10), _entry(fast, KEYED_T1, round_, 0, 10, 2.0, 6)]
+    records = summarize(entries, [OFF, "fast"], BASELINES, 1000, IDENTICAL_TO, ACROSS_MODES)
+    by = {(r["mode"], r["method"]): r for r in records}
+    assert by[(KEYED.name, "fast")]["vs_unseeded_off"] == pytest.approx(1.0)
+    assert by[(KEYED.name, "fast")]["vs_speculation_off"] == pytest.approx(2.0)
+    assert by[(KEYED.name, OFF)]["vs_unseeded_off"] == pytest.approx(0.5)  # the keyed path's own cost shows
+    assert by[(KEYED_T1.name, "fast")]["vs_unseeded_off"] == pytest.approx(2.0)
+    assert by[(SAMPLE.name, "fast")]["vs_unseeded_off"] is None and by[(KEYED.name, "fast")]["keyed"]
+    assert by[(KEYED.name, "fast")]["identical"] == [2, 2] and by[(KEYED.name, "fast")]["identical_to"] == OFF
+
+
+def test_main_modes_are_the_tables_three_and_flags_add_keyed_and_t1():
+    from selfspec.bench.methods import KEYED, KEYED_T1, SAMPLE_T1, SEEDED
+    from selfspec.bench.run import main_modes
+
+    assert main_modes(parse_args([])) == (GREEDY, SAMPLE, SEEDED)
+    assert main_modes(parse_args(["--unseeded-keyed"])) == (GREEDY, SAMPLE, KEYED, SEEDED)
+    assert main_modes(parse_args(["--t1"])) == (GREEDY, SAMPLE, SEEDED, SAMPLE_T1)
+    modes = main_modes(parse_args(["--t1", "--unseeded-keyed"]))
+    assert modes == (GREEDY, SAMPLE, KEYED, SEEDED, SAMPLE_T1, KEYED_T1)
+    assert (SAMPLE_T1.temperature, SAMPLE_T1.top_p) == (1.0, None) and KEYED_T1.keyed and not KEYED_T1.seeded
+    assert len({mode.title for mode in modes}) == len(modes)  # one column group each
+
+
 @pytest.mark.parametrize("calls, prompt_len, final_len, steps", [
     ([(0, 5), (5, 1), (6, 1)], 5, 8, [(0, 0), (0, 0), (0, 0)]),  # plain decoding: prefill, then one token a forward
     ([(0, 8), (7, 4), (9, 1)], 5, 11, [(3, 2), (3, 1), (0, 0)]),  # drafts with the prefill, then 3, then none
@@ -285,6 +321,31 @@ def test_default_run_is_one_table_of_every_drafter_in_three_modes(tiny, tmp_path
     assert generate_row.endswith("|  |  |  |")  # never seeded: empty seeded cells
     assert (out / "speedup.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
     assert report["records"] == records
+
+
+def test_unseeded_keyed_and_t1_add_column_groups_beside_rejection_sampling(tiny, tmp_path):
+    """--unseeded-keyed --t1: keyed rows (selfspec only) beside the unseeded ones at T=0.7 and at T=1, each priced
+    against unseeded speculation off at its temperature; a drawn seed is shared by every method of a run, so keyed
+    tokens equal speculation off's too."""
+    out = tmp_path / "bench"
+    saved = bench.main(["--model", str(tiny / "model"), "--heads", "none", "--eagle", "none", "--skip", "ngram", "--dtype", "float64", "--num-prompts", "1",
+                        "--max-new-tokens", "6", "--repeats", "2", "--fixed-k", "2", "--unseeded-keyed", "--t1",
+                        "--out", str(out)])
+    modes = list(dict.fromkeys(r["mode"] for r in saved["records"]))
+    assert modes == ["greedy", "sample t=0.7 top-p=0.9", "sample t=0.7 top-p=0.9 keyed",
+                     "sample t=0.7 top-p=0.9 seeded", "sample t=1.0", "sample t=1.0 keyed"]
+    keyed = [r for r in saved["records"] if r["keyed"]]
+    early_exit = "selfspec early_exit L=1 untrained"
+    assert {r["method"] for r in keyed} == {"selfspec speculation off", early_exit + " (default)", early_exit + " k=2"}
+    assert all(r["vs_unseeded_off"] > 0 and r["tokens_per_forward"] >= 1.0 for r in keyed)
+    fixed = [r for r in keyed if r["method"] == early_exit + " k=2"]
+    assert all(sum(r["drafted_by_position"]) > 0 for r in fixed)  # the keyed path verified drafts
+    assert all(r["identical"] == [2, 2] for r in keyed if r["method"] != "selfspec speculation off")
+    text = (out / "results.md").read_text()
+    assert "temperature 0.7, top-p 0.9 and temperature 1 without top-p, without a seed" in text
+    header = text.split("| method |")[1].splitlines()[0]
+    assert "keyed: vs speculation off (unseeded) | keyed: tokens/forward" in header
+    assert "sampled T=1: vs generate" in header and header.endswith("keyed T=1: tokens/forward |")
 
 
 def test_optional_phases_and_rows_run_end_to_end(tiny, tmp_path):
@@ -616,3 +677,23 @@ def test_seeded_mode_passes_the_runs_seed_and_unseeded_modes_pass_none(monkeypat
     prompt = torch.tensor([[5, 6, 7, 8]])
     runs = [method.run(prompt, mode, 123) for mode in (GREEDY, SAMPLE, SEEDED, SEEDED)]
     assert seen == [None, None, 123, 123] and runs[2].token_ids == runs[3].token_ids and runs[2].new_tokens == 4
+
+
+def test_keyed_mode_draws_a_fresh_seed_per_call_the_same_for_every_method_on_a_run():
+    """--unseeded-keyed: each call passes seed= drawn from the global generator seeded with the run's seed (a fresh
+    seed per prompt and round, as a `seed=random` default would draw; every method of that run gets the same one).
+    Catches (planted): the run's seed itself (that is the seeded mode), or no seed (rejection sampling)."""
+    from selfspec.bench.methods import KEYED, selfspec_method
+    from selfspec.engine import SelfSpecModel
+
+    spec = SelfSpecModel(tiny_text_model(seed=0, dtype=torch.float64), drafter="ngram")
+    seen = []
+    generate = spec.generate
+    spec.generate = lambda *a, **kw: seen.append(kw.get("seed")) or generate(*a, **kw)
+    method = selfspec_method("ngram", lambda: spec, 4, None, "ngram")
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    for run_seed in (123, 123, 124):
+        method.run(prompt, KEYED, run_seed)
+    assert None not in seen and seen[0] == seen[1] != seen[2] and 123 not in seen
+    short = method.run(prompt, KEYED, 5, max_new_tokens=2)  # the warm-up's short runs
+    assert short.new_tokens == 2
