@@ -123,6 +123,7 @@ class SelfSpecModel:
         check_tokenizer(tokenizer, self.target.vocab_size)
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
+        self.target.set_feature_layers(getattr(self.drafter, "feature_layers", ()))  # e.g. an EAGLE-3 head's
         dtype = self.target.lm_head.weight.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
         self.draft_dtype = resolve_draft_dtype(draft_dtype, self.few_row_kernel)  # torch.bfloat16 or None
@@ -235,6 +236,9 @@ class SelfSpecModel:
         (formatted with the tokenizer's chat template and its generation prompt).
         num_draft_tokens: "auto" (default: chosen each step, 0 when drafts do not pay), an int (0 = plain
         decoding), or a policy object with choose() and observe(num_drafted, num_accepted, seconds=...).
+        seed: sample with every draw keyed by (seed, position): the tokens are those of `drafter="none"` with this
+        seed, whatever the drafter, draft length, tree or batch (a batch's row i uses seed + i). generator: a
+        torch.Generator that gives one such seed per call. Neither: rejection sampling on torch's global generator.
         eos_token_id: one id or several; default: the model's generation config.
         stop_strings: stop at the token that completes one of these strings, keeping that token (as `generate` does).
         streamer: a `transformers` streamer (`TextStreamer`, `TextIteratorStreamer`): gets the prompt, then each
