@@ -496,6 +496,40 @@ def test_where_the_default_is_a_tree_chains_adds_chain_rows_and_the_sweep_keeps_
     assert any("medusa --tree-size auto: no tree row" in note for note in notes)
 
 
+@pytest.mark.usefixtures("needs_kernel")
+def test_default_flags_give_the_readmes_rows_in_order():
+    """No flags, a float32 model with Medusa heads and an EAGLE head (as SmolLM2 ships): the README's rows, EAGLE as
+    its default tree and as a chain. Catches (planted): the chain row only behind --chains."""
+    from selfspec.bench.run import main_methods
+
+    methods, _ = main_methods(parse_args([]), _loaded_with_heads(torch.float32), [])
+    assert [m.name for m in methods] == [
+        "generate", "selfspec speculation off", "selfspec ngram (default)",
+        "selfspec early_exit L=1 untrained (default)", "selfspec medusa (default)",
+        "selfspec eagle tree=10 (default)", "selfspec eagle chain"]
+    assert [m.family for m in methods] == ["transformers"] + ["selfspec"] * 6
+
+
+def test_an_eagle3_directory_is_its_own_row_after_eagle_and_one_that_does_not_load_is_a_note(tmp_path):
+    """examples/<model>/eagle3 (when it exists) is wrapped from its directory, the heads saying their drafter; a head
+    this version cannot draft with leaves a note instead of stopping the run."""
+    from dataclasses import replace
+
+    from heads.eagle import EagleHead
+    from selfspec.bench.run import main_methods
+
+    loaded = _loaded_with_heads()
+    EagleHead.for_model(loaded.model).save_pretrained(tmp_path / "eagle3")
+    names = [m.name for m in main_methods(parse_args([]), replace(loaded, eagle3_dir=str(tmp_path / "eagle3")), [])[0]]
+    assert names[-2:] == ["selfspec eagle (default)", "selfspec eagle3 (default)"]
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    notes = []
+    names = [m.name for m in main_methods(parse_args([]), replace(loaded, eagle3_dir=str(tmp_path / "broken")),
+                                          notes)[0]]
+    assert not any("eagle3" in name for name in names) and any("selfspec eagle3 skipped" in n for n in notes)
+
+
 def test_skip_leaves_out_named_rows_but_never_the_baselines():
     """Planted bug caught: filtering without the baseline exemption dropped "generate" for --skip generate."""
     from selfspec.bench.models import Loaded
