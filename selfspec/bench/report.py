@@ -107,13 +107,15 @@ def _caption(report: dict) -> str:
     if "keyed" in kinds:
         how += ("Keyed: unseeded calls that each draw a fresh seed and pass it as seed= (the keyed coupling), speedups "
                 "over unseeded speculation off at the same temperature. ")
+    llama = (", llama.cpp's too (its context is reset before each run: no prompt reuse)"
+             if any(r["family"] == "llama.cpp" for r in report["records"]) else "")
     return (
         f"Machine: {m['device_name']}, {m['cpus_available']} CPUs available, torch {m['torch']} with "
         f"{m['torch_threads']} thread(s), transformers {m['transformers']}, Python {m['python']}; load average "
         f"{m['load_average_1min']:.1f} at the start. {s['num_prompts']} held-out {report['prompt_kind']} prompts, "
         f"{s['max_new_tokens']} new tokens at most (EOS stops a run), {s['repeats']} round(s), methods in a random "
-        f"order per round, prompt and mode. Tokens/s include the prefill for every row (wall clock around each whole "
-        f"call). Speedups are ratios to `generate` or to selfspec with speculation off in the same round and mode, "
+        f"order per round, prompt and mode. Tokens/s include the prefill for every row{llama} (wall clock around each "
+        f"whole call). Speedups are ratios to `generate` or to selfspec with speculation off in the same round and mode, "
         f"medians over rounds (min-max in brackets); tokens/forward: new tokens per target forward; identical: runs "
         f"whose tokens equal the baseline's on the same prompt and round. {how}\"default\": the drafter's default "
         f"settings (num_draft_tokens included). {report['seconds']:.0f} s in all."
