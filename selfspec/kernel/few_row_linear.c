@@ -304,3 +304,167 @@ int few_row_linear_threads(void) {
 
 /* The fewest weights (rows x columns) each thread of a split product gets. */
 long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
+
+/* ---- GGUF quantized weights (selfspec/kernel/quantized.py) ----
+ * y[m, n] = sum_k x[m, k] * w[n, k] with w stored as GGUF blocks of 32 weights along k, each weight row
+ * `row_bytes = k_dim / 32 * BLOCK_BYTES(type)` bytes, as llama.cpp writes them (gguf.quants dequantizes the same):
+ *   Q4_0 (type 2): f16 d, 16 bytes of nibbles; w[j] = d * (low nibble of byte j - 8), w[16 + j] = d * (high - 8)
+ *   Q4_1 (type 3): f16 d, f16 m, 16 bytes of nibbles; w[j] = d * low nibble + m, w[16 + j] = d * high + m
+ *   Q8_0 (type 8): f16 d, 32 int8; w[j] = q[j] * d
+ * Each weight is dequantized in registers to the float32 value gguf's numpy dequantizer gives (a product, then a sum,
+ * each rounded: the file is built with -ffp-contract=off so that d * q + m never becomes one fused rounding), and a
+ * tile of a few weight rows is written to a small buffer in L1 and multiplied by every row of x by the float32 path
+ * above (`weight_rows`). So the product is the dequantized model's up to the order of the float32 additions, the
+ * sums are those of the float32 kernel over the dequantized weights (the same whatever the rows beside a row, or the
+ * number of threads), and memory streams the blocks (Q4_1: 5 bits a weight, Q8_0: 8.5) instead of 32 bits. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define QK 32
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+
+INLINE long block_bytes(int type) { return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : 0; }
+
+INLINE float half_at(const uint8_t *p) {
+    unsigned short h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* One block of `type` -> 32 float32 weights at out. */
+INLINE void dequantize_block(const int type, const uint8_t *b, float *out) {
+    const float d = half_at(b);
+#if defined(__AVX512F__)
+    const __m512 vd = _mm512_set1_ps(d);
+    if (type == Q8_0) {
+        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
+        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
+        _mm512_storeu_ps(out, _mm512_mul_ps(lo, vd));
+        _mm512_storeu_ps(out + 16, _mm512_mul_ps(hi, vd));
+        return;
+    }
+    const uint8_t *qs = b + (type == Q4_1 ? 4 : 2);
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)qs));
+    __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
+    if (type == Q4_0) {
+        const __m512i eight = _mm512_set1_epi32(8);
+        _mm512_storeu_ps(out, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight))));
+        _mm512_storeu_ps(out + 16, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight))));
+    } else {
+        const __m512 vm = _mm512_set1_ps(half_at(b + 2));
+        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(lo)), vm));
+        _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(hi)), vm));
+    }
+#else
+    const __m256 vd = _mm256_set1_ps(d);
+    if (type == Q8_0) {
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < 4; i++) {
+            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))));
+            _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(v, vd));
+        }
+        return;
+    }
+    const uint8_t *qs = b + (type == Q4_1 ? 4 : 2);
+    const __m256 vm = type == Q4_1 ? _mm256_set1_ps(half_at(b + 2)) : _mm256_setzero_ps();
+    _Pragma("GCC unroll 2")
+    for (int i = 0; i < 2; i++) {  /* bytes 8i .. 8i + 7: weights 8i .. (low nibbles) and 16 + 8i .. (high) */
+        __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8 * i)));
+        __m256i lo = _mm256_and_si256(q, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(q, 4);
+        if (type == Q4_0) {
+            const __m256i eight = _mm256_set1_epi32(8);
+            _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, eight))));
+            _mm256_storeu_ps(out + 16 + 8 * i, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, eight))));
+        } else {
+            _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(lo)), vm));
+            _mm256_storeu_ps(out + 16 + 8 * i, _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(hi)), vm));
+        }
+    }
+#endif
+}
+
+/* Weight rows `count` rows from `w` (row_bytes each) -> count * k_dim float32 at out. */
+INLINE void dequantize_tile(const int type, const uint8_t *w, long count, long k_dim, float *out) {
+    const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block;
+    for (long r = 0; r < count; r++)
+        for (long k = 0; k < k_dim; k += QK)
+            dequantize_block(type, w + r * row_bytes + k / QK * per_block, out + r * k_dim + k);
+}
+
+/* Tiles of weight rows per call of the float32 path: a multiple of four rows, about 8 KB of float32 weights. */
+INLINE long tile_rows(long k_dim) {
+    long rows = 4 * (2048 / k_dim);
+    return rows < 4 ? 4 : rows;
+}
+
+/* Weight rows n_lo .. n_hi - 1 (n_lo a multiple of 4) against every row of x, into columns n_lo .. n_hi - 1 of y. */
+INLINE void quantized_weight_rows(const int type, const float *x, long rows, long k_dim, const uint8_t *w, long n_lo,
+                                  long n_hi, long ldy, float *y, float *tile) {
+    const long row_bytes = k_dim / QK * block_bytes(type), step = tile_rows(k_dim);
+    for (long n = n_lo; n < n_hi; n += step) {
+        long count = n_hi - n < step ? n_hi - n : step;
+        dequantize_tile(type, w + n * row_bytes, count, k_dim, tile);
+        weight_rows(x, rows, k_dim, tile, 0, count, ldy, y + n, 0);
+    }
+}
+
+INLINE void quantized_linear_of(const int type, const float *x, long rows, long k_dim, const uint8_t *w, long n_dim,
+                                float *y) {
+    int threads = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel()) {
+        long most = n_dim * k_dim / WEIGHTS_PER_THREAD;
+        threads = omp_get_max_threads();
+        if (threads > most)
+            threads = (int)most;
+        if (threads > n_dim / 4)
+            threads = (int)(n_dim / 4);
+    }
+#endif
+    const size_t tile_bytes = (size_t)tile_rows(k_dim) * k_dim * sizeof(float);
+    if (threads > 1) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+        {
+            long blocks = n_dim / 4, t = omp_get_thread_num(), T = omp_get_num_threads();
+            long n_lo = 4 * (blocks * t / T), n_hi = t == T - 1 ? n_dim : 4 * (blocks * (t + 1) / T);
+            float *tile = aligned_alloc(64, (tile_bytes + 63) / 64 * 64);
+            quantized_weight_rows(type, x, rows, k_dim, w, n_lo, n_hi, n_dim, y, tile);
+            free(tile);
+        }
+#endif
+    } else {
+        float *tile = aligned_alloc(64, (tile_bytes + 63) / 64 * 64);
+        quantized_weight_rows(type, x, rows, k_dim, w, 0, n_dim, n_dim, y, tile);
+        free(tile);
+    }
+}
+
+/* y [rows, n_dim] = x [rows, k_dim] w^T for w [n_dim] rows of GGUF blocks of `type`; k_dim % 32 == 0. Returns 0, or
+ * -1 for a type it does not know (nothing written). */
+int quantized_linear(int type, const float *x, long rows, long k_dim, const uint8_t *w, long n_dim, float *y) {
+    switch (type) {  /* (a constant type in each call: the block's code inlined without a test in the loops) */
+    case Q4_0: quantized_linear_of(Q4_0, x, rows, k_dim, w, n_dim, y); return 0;
+    case Q4_1: quantized_linear_of(Q4_1, x, rows, k_dim, w, n_dim, y); return 0;
+    case Q8_0: quantized_linear_of(Q8_0, x, rows, k_dim, w, n_dim, y); return 0;
+    default: return -1;
+    }
+}
+
+/* out [count, k_dim] float32 = the dequantized weight rows ids[0 .. count - 1] (or first .. first + count - 1 where
+ * ids is NULL) of w. Returns 0, or -1 for a type it does not know. */
+int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, long first, long count, float *out) {
+    const long row_bytes = k_dim / QK * block_bytes(type);
+    if (!row_bytes)
+        return -1;
+    for (long r = 0; r < count; r++) {
+        const uint8_t *row = w + (ids ? ids[r] : first + r) * row_bytes;
+        switch (type) {
+        case Q4_0: dequantize_tile(Q4_0, row, 1, k_dim, out + r * k_dim); break;
+        case Q4_1: dequantize_tile(Q4_1, row, 1, k_dim, out + r * k_dim); break;
+        default: dequantize_tile(Q8_0, row, 1, k_dim, out + r * k_dim); break;
+        }
+    }
+    return 0;
+}

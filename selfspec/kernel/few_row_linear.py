@@ -68,10 +68,13 @@ MIN_ROWS, MAX_ROWS = 2, 32
 # time (`one_row_pays`): a clear gain, not a coin toss between two equal paths on a noisy machine.
 ONE_ROW_GAIN = 0.9
 SOURCE = Path(__file__).parent / "few_row_linear.c"
-FLAGS = ["-O3", "-shared", "-fPIC"]
+# -ffp-contract=off: the quantized paths compute a weight as a product, then a sum (d * q + m), each rounded as gguf's
+# dequantizer does; the float32 paths' fused multiply-adds are written out as intrinsics, so they stay fused.
+FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]
 # The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (round 18's Intel
 # Xeon: 4-32 rows 0.8-0.9x of the AVX2 build's time, the same at 1-2 rows), else AVX2 + FMA.
-ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma"], "avx2": ["-mavx2", "-mfma"]}
+# F16C for the GGUF blocks' half-precision scales (every AVX2 CPU has it).
+ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-mavx2", "-mfma", "-mf16c"]}
 # Threads: the kernel splits each product's weight rows between torch's threads (torch.set_num_threads) through
 # OpenMP, which then is the process's own runtime, the one torch's CPU build loaded and runs its parallel loops in
 # (the same soname). Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s, while F.linear's

@@ -1,0 +1,230 @@
+"""Linear layers and embeddings whose weights stay GGUF blocks (Q8_0, Q4_0, Q4_1) in memory, for float32 on a CPU.
+
+A one-token decode on a CPU is bound by the bytes of weights it reads: dequantized to float32, a Q4_1 model streams
+32 bits a weight where its file holds 5. Here the weight rows stay as the file's blocks (a uint8 buffer [out, bytes a
+row]) and the few-row kernel (`few_row_linear.c`, its quantized entry points) dequantizes them in registers for
+products over 1..MAX_ROWS rows; more rows (a prefill) dequantize a chunk of weight rows at a time into F.linear,
+where BLAS's GEMM is the faster path. Every weight is the float32 value gguf's dequantizer (and so transformers'
+GGUF loading) gives, so a layer's function is the dequantized layer's up to the order of float32 additions.
+
+`QuantizedWeight` stands where code reads a layer's `.weight` (shape, dtype, device; rows by indexing, dequantized
+on demand; other tensor uses dequantize the whole weight, a rare cost). It knows nothing of GGUF files or models:
+`selfspec/loading.py` builds these modules from a file's blocks.
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from selfspec.kernel import few_row_linear
+
+# GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row
+# (gguf.GGML_QUANT_SIZES; the kernel's own table, tested equal).
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+BLOCK_BYTES = {2: 18, 3: 20, 8: 34}
+BLOCK_WEIGHTS = 32
+MAX_ROWS = few_row_linear.MAX_ROWS
+# Weights dequantized at a time for products over more than MAX_ROWS rows (and whole-weight uses): 16 MB of float32.
+CHUNK_WEIGHTS = 1 << 22
+
+
+def unavailable_reason() -> str | None:
+    """None when the quantized kernel is built and loaded here, else why not."""
+    return few_row_linear.unavailable_reason()
+
+
+@lru_cache(maxsize=1)
+def _entry_points():
+    """(quantized_linear, dequantize_rows) of the kernel's library; raises where it is unavailable."""
+    library = few_row_linear._kernel_library()
+    if library is None:
+        raise RuntimeError(f"selfspec's quantized kernel is unavailable: {unavailable_reason()}")
+    linear, rows = library.quantized_linear, library.dequantize_rows
+    linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                       ctypes.c_void_p]
+    rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
+                     ctypes.c_void_p]
+    linear.restype = rows.restype = ctypes.c_int
+    return linear, rows
+
+
+def type_id(qtype: int | str) -> int:
+    """A GGML type id (2, 3, 8) or name ("Q4_0", "Q4_1", "Q8_0"), checked to be one the kernel reads."""
+    qtype = TYPES.get(qtype, qtype) if isinstance(qtype, str) else int(qtype)
+    if qtype not in BLOCK_BYTES:
+        raise ValueError(f"GGUF type {qtype!r}: selfspec keeps only {tuple(TYPES)} quantized (the rest dequantize)")
+    return qtype
+
+
+class QuantizedWeight:
+    """A weight [out_features, in_features] held as GGUF blocks: `blocks` uint8 [out_features, in_features / 32 *
+    block bytes], row n the blocks of output n along the input dimension. Reads like the float32 weight it stands for
+    where code asks for its shape, dtype or device, or indexes rows (`weight[ids]`, dequantized); any other tensor
+    use (a torch function, a tensor method) gets the whole weight dequantized (`dequantize()`: 4 bytes a weight, for
+    rare uses)."""
+
+    dtype = torch.float32
+    requires_grad = False
+    is_cpu = True
+
+    def __init__(self, blocks: torch.Tensor, qtype: int | str, in_features: int):
+        self.qtype = type_id(qtype)
+        row_bytes = in_features // BLOCK_WEIGHTS * BLOCK_BYTES[self.qtype]
+        if in_features % BLOCK_WEIGHTS or blocks.dtype != torch.uint8 or blocks.dim() != 2 \
+                or blocks.shape[1] != row_bytes or not blocks.is_contiguous() or not blocks.is_cpu:
+            raise ValueError(f"blocks {tuple(blocks.shape)} {blocks.dtype}: expected contiguous uint8 CPU rows of "
+                             f"{row_bytes} bytes ({in_features} weights of {self.name}; in_features % 32 == 0)")
+        self.blocks = blocks
+        self.shape = torch.Size((blocks.shape[0], in_features))
+        self.device = blocks.device
+
+    @property
+    def name(self) -> str:
+        return next(name for name, code in TYPES.items() if code == self.qtype)
+
+    def dim(self) -> int:
+        return 2
+
+    ndim = property(dim)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def numel(self) -> int:
+        return self.shape.numel()
+
+    def detach(self) -> "QuantizedWeight":
+        return self
+
+    def rows(self, ids: torch.Tensor | None = None, first: int = 0, count: int | None = None) -> torch.Tensor:
+        """[len(ids), in_features] float32: the dequantized rows `ids` (int64 [n]), or rows first .. first + count - 1."""
+        dequantize_rows = _entry_points()[1]
+        n_rows, k_dim = self.shape
+        if ids is not None:
+            ids = ids.to(torch.long).contiguous()
+            if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < n_rows):
+                raise IndexError(f"row ids must lie in 0..{n_rows - 1}; got {int(ids.min())}..{int(ids.max())}")
+            count = ids.numel()
+        else:
+            count = n_rows - first if count is None else count
+            if not (0 <= first and first + count <= n_rows):
+                raise IndexError(f"rows {first}..{first + count - 1} of {n_rows}")
+        out = torch.empty(count, k_dim)
+        dequantize_rows(self.qtype, self.blocks.data_ptr(), k_dim, None if ids is None else ids.data_ptr(), first,
+                        count, out.data_ptr())
+        return out
+
+    def dequantize(self) -> torch.Tensor:
+        """The whole float32 weight [out_features, in_features] (what transformers' GGUF loading makes of it)."""
+        return self.rows()
+
+    def __getitem__(self, index) -> torch.Tensor:
+        if isinstance(index, torch.Tensor) and index.dim() == 1 and not index.dtype.is_floating_point:
+            if index.dtype is torch.bool:
+                index = index.nonzero()[:, 0]
+            return self.rows(index)
+        return self.dequantize()[index]
+
+    def __getattr__(self, name):  # (only for names not defined here: a tensor method, on the dequantized weight)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.dequantize(), name)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        def plain(value):
+            if isinstance(value, QuantizedWeight):
+                return value.dequantize()
+            if isinstance(value, (list, tuple)):
+                return type(value)(plain(v) for v in value)
+            return value
+        return func(*plain(args), **plain(kwargs or {}))
+
+    def __repr__(self) -> str:
+        return f"QuantizedWeight({self.name}, shape={tuple(self.shape)})"
+
+
+class QuantizedLinear(torch.nn.Module):
+    """y = x W^T (+ bias) with W a `QuantizedWeight`: products over 1..MAX_ROWS float32 CPU rows through the kernel,
+    anything else (more rows, another dtype, a gradient to record for x) through F.linear over dequantized chunks of
+    weight rows. Not an nn.Linear, so `FewRowLinears` leaves it alone: its own forward is the kernel."""
+
+    def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = weight.shape[1], weight.shape[0]
+        self._weight = weight
+        self.register_buffer("blocks", weight.blocks)  # (counted and moved with the model's buffers; never trained)
+        self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float().contiguous(),
+                                                                 requires_grad=False)
+
+    @property
+    def weight(self) -> QuantizedWeight:
+        return self._weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if (1 <= rows <= MAX_ROWS and x.dtype is torch.float32 and x.is_cpu and x.shape[-1] == self.in_features
+                and not (torch.is_grad_enabled() and x.requires_grad)):
+            linear = _entry_points()[0]
+            x_rows = x.contiguous()
+            out = x.new_empty((*x.shape[:-1], self.out_features))
+            linear(self._weight.qtype, x_rows.data_ptr(), rows, self.in_features, self._weight.blocks.data_ptr(),
+                   self.out_features, out.data_ptr())
+            return out if self.bias is None else out + self.bias
+        return chunked_linear(x, self._weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, {self._weight.name}, "
+                f"bias={self.bias is not None}")
+
+
+class QuantizedEmbedding(torch.nn.Module):
+    """nn.Embedding's lookup over a `QuantizedWeight` (a tied LM head's blocks): each id's row dequantized."""
+
+    def __init__(self, weight: QuantizedWeight, padding_idx: int | None = None):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.padding_idx = padding_idx
+        self._weight = weight
+        self.register_buffer("blocks", weight.blocks)
+
+    @property
+    def weight(self) -> QuantizedWeight:
+        return self._weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self._weight.rows(ids.reshape(-1))
+        return rows.view(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self._weight.name}"
+
+
+def chunked_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight.dequantize(), bias), dequantizing CHUNK_WEIGHTS weights at a time (autograd flows to x)."""
+    step = max(1, CHUNK_WEIGHTS // weight.shape[1])
+    parts = [F.linear(x, weight.rows(first=n, count=min(step, weight.shape[0] - n)).to(x.device, x.dtype))
+             for n in range(0, weight.shape[0], step)]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+    return out if bias is None else out + bias.to(x.dtype)
+
+
+def quantized_weights(model: torch.nn.Module) -> list[QuantizedWeight]:
+    """The `QuantizedWeight`s of a model's quantized modules, each once (a tied LM head and embedding share one)."""
+    found = {}
+    for module in model.modules():
+        if isinstance(module, (QuantizedLinear, QuantizedEmbedding)):
+            found.setdefault(id(module.weight), module.weight)
+    return list(found.values())
+
+
+def resident_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a model's parameters and buffers, each tensor's storage once: its weights' memory, quantized or not."""
+    storages = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+    return sum(storages.values())
