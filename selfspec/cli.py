@@ -174,6 +174,11 @@ def _add_generate(commands) -> None:
                        help="run a float32 CPU model's products over 2-32 rows (verification) through selfspec's "
                        "streaming kernel, compiled on first use with the system's C compiler (x86 with AVX2); auto: "
                        "where it builds; on: fail if it cannot; off: F.linear everywhere")
+    where.add_argument("--quantized", choices=("auto", "keep", "dequantize"), default="auto",
+                       help="a .gguf model's Q8_0 / Q4_0 / Q4_1 weights: auto (default) keeps them as the file's "
+                       "blocks where the model is float32 on a CPU and the few-row kernel builds (about the file's "
+                       "size in memory; a decode streams those bytes), else dequantizes; keep: fail if it cannot; "
+                       "dequantize: float32 weights, as transformers loads them")
     where.add_argument("--draft-dtype", choices=("auto", "bfloat16", "model"), default="auto",
                        help="the dtype the drafter's own weights (heads, draft vocabulary) stream in where the few-row "
                        "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
@@ -301,7 +306,7 @@ def _load(args):
         engine = SelfSpecModel.from_pretrained(
             args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
             dtype=dtype if dtype == "auto" else getattr(torch, dtype), tree_size=args.tree_size,
-            few_row_kernel=args.few_row_kernel, draft_dtype=args.draft_dtype, **placement,
+            few_row_kernel=args.few_row_kernel, draft_dtype=args.draft_dtype, quantized=args.quantized, **placement,
         )
     except (FileNotFoundError, ImportError) as err:  # a missing wheel or gguf package: say what to install
         flag = f"--heads {args.heads}" if args.heads and args.heads in str(err) else f"--model {args.model}"

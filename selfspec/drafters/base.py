@@ -267,14 +267,13 @@ def weight_share(model, modules=(), extra_weights: int = 0) -> float:
     one-token forward of the target `model` multiplies by (all its parameters but an untied input embedding, of which
     it reads one row). A one-token forward is matrix-vector products, so its time follows the weights it reads; the
     "auto" draft length starts from this `draft_cost` and learns the real cost from timings."""
-    from selfspec.kernel.quantized import quantized_weights
+    from selfspec.kernel.quantized import weight_count  # (weights kept as GGUF blocks are buffers: counted too)
 
-    # (weights kept as GGUF blocks are buffers, not parameters: counted by their weights)
-    total = sum(p.numel() for p in model.parameters()) + sum(w.numel() for w in quantized_weights(model))
+    total = weight_count(model)
     embedding = model.get_input_embeddings().weight
     if embedding is not model.get_output_embeddings().weight:
         total -= embedding.numel()
-    drafted = sum(p.numel() for module in modules for p in module.parameters()) + extra_weights
+    drafted = sum(weight_count(module) for module in modules) + extra_weights
     return drafted / max(total, 1)
 
 

@@ -221,6 +221,11 @@ def quantized_weights(model: torch.nn.Module) -> list[QuantizedWeight]:
     return list(found.values())
 
 
+def weight_count(module: torch.nn.Module) -> int:
+    """The weights of a module: its parameters' elements plus those its quantized weights stand for."""
+    return sum(p.numel() for p in module.parameters()) + sum(w.numel() for w in quantized_weights(module))
+
+
 def resident_bytes(model: torch.nn.Module) -> int:
     """Bytes of a model's parameters and buffers, each tensor's storage once: its weights' memory, quantized or not."""
     storages = {}
