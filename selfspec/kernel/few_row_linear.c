@@ -332,16 +332,14 @@ INLINE float half_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* One block of `type` -> 32 float32 weights at out. */
-INLINE void dequantize_block(const int type, const uint8_t *b, float *out) {
+/* One block of `type` -> its 32 float32 weights in QK / LANES vectors (registers, where inlined). */
+INLINE void dequantize_vecs(const int type, const uint8_t *b, vec *v) {
     const float d = half_at(b);
 #if defined(__AVX512F__)
     const __m512 vd = _mm512_set1_ps(d);
     if (type == Q8_0) {
-        __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2))));
-        __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18))));
-        _mm512_storeu_ps(out, _mm512_mul_ps(lo, vd));
-        _mm512_storeu_ps(out + 16, _mm512_mul_ps(hi, vd));
+        v[0] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2)))), vd);
+        v[1] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 18)))), vd);
         return;
     }
     const uint8_t *qs = b + (type == Q4_1 ? 4 : 2);
@@ -349,21 +347,20 @@ INLINE void dequantize_block(const int type, const uint8_t *b, float *out) {
     __m512i lo = _mm512_and_si512(q, _mm512_set1_epi32(15)), hi = _mm512_srli_epi32(q, 4);
     if (type == Q4_0) {
         const __m512i eight = _mm512_set1_epi32(8);
-        _mm512_storeu_ps(out, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight))));
-        _mm512_storeu_ps(out + 16, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight))));
+        v[0] = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, eight)));
+        v[1] = _mm512_mul_ps(vd, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, eight)));
     } else {
         const __m512 vm = _mm512_set1_ps(half_at(b + 2));
-        _mm512_storeu_ps(out, _mm512_add_ps(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(lo)), vm));
-        _mm512_storeu_ps(out + 16, _mm512_add_ps(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(hi)), vm));
+        v[0] = _mm512_add_ps(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(lo)), vm);
+        v[1] = _mm512_add_ps(_mm512_mul_ps(vd, _mm512_cvtepi32_ps(hi)), vm);
     }
 #else
     const __m256 vd = _mm256_set1_ps(d);
     if (type == Q8_0) {
         _Pragma("GCC unroll 4")
-        for (int i = 0; i < 4; i++) {
-            __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i))));
-            _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(v, vd));
-        }
+        for (int i = 0; i < 4; i++)
+            v[i] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i)))), vd);
         return;
     }
     const uint8_t *qs = b + (type == Q4_1 ? 4 : 2);
@@ -374,14 +371,65 @@ INLINE void dequantize_block(const int type, const uint8_t *b, float *out) {
         __m256i lo = _mm256_and_si256(q, _mm256_set1_epi32(15)), hi = _mm256_srli_epi32(q, 4);
         if (type == Q4_0) {
             const __m256i eight = _mm256_set1_epi32(8);
-            _mm256_storeu_ps(out + 8 * i, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, eight))));
-            _mm256_storeu_ps(out + 16 + 8 * i, _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, eight))));
+            v[i] = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(lo, eight)));
+            v[2 + i] = _mm256_mul_ps(vd, _mm256_cvtepi32_ps(_mm256_sub_epi32(hi, eight)));
         } else {
-            _mm256_storeu_ps(out + 8 * i, _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(lo)), vm));
-            _mm256_storeu_ps(out + 16 + 8 * i, _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(hi)), vm));
+            v[i] = _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(lo)), vm);
+            v[2 + i] = _mm256_add_ps(_mm256_mul_ps(vd, _mm256_cvtepi32_ps(hi)), vm);
         }
     }
 #endif
+}
+
+/* One block of `type` -> 32 float32 weights at out. */
+INLINE void dequantize_block(const int type, const uint8_t *b, float *out) {
+    vec v[QK / LANES];
+    dequantize_vecs(type, b, v);
+    _Pragma("GCC unroll 4")
+    for (int i = 0; i < QK / LANES; i++)
+#if defined(__AVX512F__)
+        _mm512_storeu_ps(out + i * LANES, v[i]);
+#else
+        _mm256_storeu_ps(out + i * LANES, v[i]);
+#endif
+}
+
+/* One row of x against weight rows n_lo .. n_hi - 1 (plain decoding), each block dequantized into registers and
+ * multiplied there, four weight rows at a time: one accumulator a weight row, its products added in k order, its
+ * lanes summed at the end, the same sums in the same order as the float32 paths over the dequantized weights (so the
+ * same result as the tiles of the rows > 1 path). */
+INLINE void one_row_quantized(const int type, const float *x, long k_dim, const uint8_t *w, long n_lo, long n_hi,
+                              float *y) {
+    const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block, blocks = k_dim / QK;
+    long n = n_lo;
+    for (; n + 4 <= n_hi; n += 4) {
+        const uint8_t *w0 = w + n * row_bytes;
+        vec acc[4] = {ZERO(), ZERO(), ZERO(), ZERO()};
+        for (long b = 0; b < blocks; b++) {
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++) {
+                vec v[QK / LANES];
+                dequantize_vecs(type, w0 + j * row_bytes + b * per_block, v);
+                _Pragma("GCC unroll 4")
+                for (int i = 0; i < QK / LANES; i++)
+                    acc[j] = FMA(LOAD(x + b * QK + i * LANES), v[i], acc[j]);
+            }
+        }
+        _Pragma("GCC unroll 4")
+        for (int j = 0; j < 4; j++)
+            y[n + j] = sum_lanes(acc[j]);
+    }
+    for (; n < n_hi; n++) {
+        vec acc = ZERO();
+        for (long b = 0; b < blocks; b++) {
+            vec v[QK / LANES];
+            dequantize_vecs(type, w + n * row_bytes + b * per_block, v);
+            _Pragma("GCC unroll 4")
+            for (int i = 0; i < QK / LANES; i++)
+                acc = FMA(LOAD(x + b * QK + i * LANES), v[i], acc);
+        }
+        y[n] = sum_lanes(acc);
+    }
 }
 
 /* Weight rows `count` rows from `w` (row_bytes each) -> count * k_dim float32 at out. */
@@ -402,6 +450,10 @@ INLINE long tile_rows(long k_dim) {
 INLINE void quantized_weight_rows(const int type, const float *x, long rows, long k_dim, const uint8_t *w, long n_lo,
                                   long n_hi, long ldy, float *y, float *tile) {
     const long row_bytes = k_dim / QK * block_bytes(type), step = tile_rows(k_dim);
+    if (rows == 1) {
+        one_row_quantized(type, x, k_dim, w, n_lo, n_hi, y);
+        return;
+    }
     for (long n = n_lo; n < n_hi; n += step) {
         long count = n_hi - n < step ? n_hi - n : step;
         dequantize_tile(type, w + n * row_bytes, count, k_dim, tile);
