@@ -394,17 +394,22 @@ INLINE void dequantize_block(const int type, const uint8_t *b, float *out) {
 #endif
 }
 
-/* One row of x against weight rows n_lo .. n_hi - 1 (plain decoding), each block dequantized into registers and
- * multiplied there, four weight rows at a time: one accumulator a weight row, its products added in k order, its
- * lanes summed at the end, the same sums in the same order as the float32 paths over the dequantized weights (so the
- * same result as the tiles of the rows > 1 path). */
-INLINE void one_row_quantized(const int type, const float *x, long k_dim, const uint8_t *w, long n_lo, long n_hi,
-                              float *y) {
+/* P <= 4 rows of x against weight rows n_lo .. n_hi - 1 (plain decoding, short chains), each block dequantized into
+ * registers once and multiplied there by every row, four weight rows at a time: one accumulator a (row, weight row),
+ * its products added in k order, its lanes summed at the end, the same sums in the same order as the float32 paths
+ * over the dequantized weights (so a row's result is the same whatever the rows beside it). */
+INLINE void short_rows_quantized(const int P, const int type, const float *x, long k_dim, const uint8_t *w, long n_lo,
+                                 long n_hi, long ldy, float *y) {
     const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block, blocks = k_dim / QK;
     long n = n_lo;
     for (; n + 4 <= n_hi; n += 4) {
         const uint8_t *w0 = w + n * row_bytes;
-        vec acc[4] = {ZERO(), ZERO(), ZERO(), ZERO()};
+        vec acc[4][4];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < P; r++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++)
+                acc[r][j] = ZERO();
         for (long b = 0; b < blocks; b++) {
             _Pragma("GCC unroll 4")
             for (int j = 0; j < 4; j++) {
@@ -412,23 +417,34 @@ INLINE void one_row_quantized(const int type, const float *x, long k_dim, const 
                 dequantize_vecs(type, w0 + j * row_bytes + b * per_block, v);
                 _Pragma("GCC unroll 4")
                 for (int i = 0; i < QK / LANES; i++)
-                    acc[j] = FMA(LOAD(x + b * QK + i * LANES), v[i], acc[j]);
+                    _Pragma("GCC unroll 4")
+                    for (int r = 0; r < P; r++)
+                        acc[r][j] = FMA(LOAD(x + r * k_dim + b * QK + i * LANES), v[i], acc[r][j]);
             }
         }
         _Pragma("GCC unroll 4")
-        for (int j = 0; j < 4; j++)
-            y[n + j] = sum_lanes(acc[j]);
+        for (int r = 0; r < P; r++)
+            _Pragma("GCC unroll 4")
+            for (int j = 0; j < 4; j++)
+                y[r * ldy + n + j] = sum_lanes(acc[r][j]);
     }
     for (; n < n_hi; n++) {
-        vec acc = ZERO();
+        vec acc[4];
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < P; r++)
+            acc[r] = ZERO();
         for (long b = 0; b < blocks; b++) {
             vec v[QK / LANES];
             dequantize_vecs(type, w + n * row_bytes + b * per_block, v);
             _Pragma("GCC unroll 4")
             for (int i = 0; i < QK / LANES; i++)
-                acc = FMA(LOAD(x + b * QK + i * LANES), v[i], acc);
+                _Pragma("GCC unroll 4")
+                for (int r = 0; r < P; r++)
+                    acc[r] = FMA(LOAD(x + r * k_dim + b * QK + i * LANES), v[i], acc[r]);
         }
-        y[n] = sum_lanes(acc);
+        _Pragma("GCC unroll 4")
+        for (int r = 0; r < P; r++)
+            y[r * ldy + n] = sum_lanes(acc[r]);
     }
 }
 
@@ -450,9 +466,11 @@ INLINE long tile_rows(long k_dim) {
 INLINE void quantized_weight_rows(const int type, const float *x, long rows, long k_dim, const uint8_t *w, long n_lo,
                                   long n_hi, long ldy, float *y, float *tile) {
     const long row_bytes = k_dim / QK * block_bytes(type), step = tile_rows(k_dim);
-    if (rows == 1) {
-        one_row_quantized(type, x, k_dim, w, n_lo, n_hi, y);
-        return;
+    switch (rows) {  /* (P a constant in each call: its loops over rows unroll into registers) */
+    case 1: short_rows_quantized(1, type, x, k_dim, w, n_lo, n_hi, ldy, y); return;
+    case 2: short_rows_quantized(2, type, x, k_dim, w, n_lo, n_hi, ldy, y); return;
+    case 3: short_rows_quantized(3, type, x, k_dim, w, n_lo, n_hi, ldy, y); return;
+    case 4: short_rows_quantized(4, type, x, k_dim, w, n_lo, n_hi, ldy, y); return;
     }
     for (long n = n_lo; n < n_hi; n += step) {
         long count = n_hi - n < step ? n_hi - n : step;
