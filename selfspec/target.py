@@ -43,6 +43,8 @@ class TargetModel:
         self.device = self.lm_head.weight.device
         self.num_layers = config.get_text_config(decoder=True).num_hidden_layers
         self._parts = None
+        # hidden_states indices the drafter reads beside the final state (EAGLE-3): see set_feature_layers
+        self.feature_layers: tuple[int, ...] = ()
         self._rows_for, self._rows = None, None  # the LM head restricted to a draft vocabulary (see logits)
         checked = (type(model), id(self.decoder), id(self.lm_head), self._softcap, self._scale, self._divide,
                    self.lm_head.weight.dtype, self.device)
@@ -60,6 +62,35 @@ class TargetModel:
     def new_cache(self) -> KVCache:
         return KVCache(self.model)
 
+    def set_feature_layers(self, layers: tuple[int, ...]) -> None:
+        """Every decoder call then returns [..., (1 + len(layers)) * hidden] rows: the final (normed) state, then
+        `hidden_states[l]` (the input of decoder layer l, before any norm) for each l; `logits` reads the first
+        `hidden_size` columns. Set once, by the engine, from the drafter's `feature_layers`; () (default): final only."""
+        layers = tuple(int(l) for l in layers)
+        beyond = [l for l in layers if not 0 <= l < self.num_layers]
+        if beyond:
+            raise ValueError(f"feature layers {layers}: this model has {self.num_layers} decoder layers "
+                             f"(hidden_states indices 0..{self.num_layers - 1}); {beyond} lie beyond it")
+        self.feature_layers = layers
+
+    @property
+    def decoder_options(self) -> dict:
+        """What every decoder call passes so that `states` can read the feature layers."""
+        return {"output_hidden_states": True} if self.feature_layers else {}
+
+    def states(self, out) -> torch.Tensor:
+        """A decoder call's output -> [..., hidden] final states, or [..., (1 + n) hidden] with feature layers."""
+        if not self.feature_layers:
+            return out.last_hidden_state
+        return torch.cat([out.last_hidden_state] + [out.hidden_states[l] for l in self.feature_layers], dim=-1)
+
+    def _refuse_resume_with_features(self) -> None:
+        if self.feature_layers:
+            raise NotImplementedError(
+                f"a forward resumed after early exit's layers cannot return feature layers {self.feature_layers}: "
+                "multi-layer features (an EAGLE-3 head) and early exit do not combine"
+            )
+
     def forward(
         self, token_ids: torch.Tensor, cache: KVCache, start_layer: int = 0, start_hidden: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -69,8 +100,9 @@ class TargetModel:
         their keys and values) and `start_hidden` [num_tokens, hidden] is their output: only the rest run.
         """
         if start_layer == 0:
-            out = self.decoder(input_ids=token_ids[None], cache=cache.hf_cache, use_cache=True)
-            return out.last_hidden_state[0]
+            out = self.decoder(input_ids=token_ids[None], cache=cache.hf_cache, use_cache=True, **self.decoder_options)
+            return self.states(out)[0]
+        self._refuse_resume_with_features()
         if start_hidden is None or start_hidden.shape[0] != token_ids.shape[0]:
             raise ValueError(f"resuming at layer {start_layer} needs the layer's output for all {token_ids.shape[0]} tokens")
         hidden = self.parts.run_layers(start_hidden[None], cache.hf_cache, start_layer, self.num_layers)
@@ -94,6 +126,7 @@ class TargetModel:
                            position_ids: torch.Tensor) -> torch.Tensor:
         """A batch's ragged rows whose first `start_layer` layers already ran over the block (`exit_forward_block`):
         [B, n, hidden] their output -> [B, n, hidden] final (normed) hidden states; only the remaining layers run."""
+        self._refuse_resume_with_features()
         hidden = self.parts.run_layers(start_hidden, hf_cache, start_layer, self.num_layers, attention_mask,
                                        position_ids)
         return self.parts.norm(hidden)
@@ -106,7 +139,10 @@ class TargetModel:
         """[..., hidden] -> [..., vocab], exactly what the model's own forward returns as logits.
 
         vocab_ids [N] (a draft vocabulary): only those rows of the LM head, [..., N] logits (N/vocab of the cost).
+        Rows wider than `hidden_size` (with feature layers) are read by their first `hidden_size` columns.
         """
+        if hidden.shape[-1] != self.hidden_size:
+            hidden = hidden[..., : self.hidden_size].contiguous()
         logits = self.lm_head(hidden) if vocab_ids is None else self.lm_head_rows(vocab_ids)(hidden)
         if self._scale is not None:
             logits = logits * self._scale

@@ -33,7 +33,7 @@ from selfspec.sampling import top_probability
 
 # The most unseen states a probe reads (the newest). After steps at k = 0 a probe had the head read every position
 # since its last proposal, the prompt included when it is the first: on the reference model a random head's three
-# probes a call read ~160 positions, 2.3 % of the call (round 33, examples/adhoc/r33_random_eagle_breakdown.py).
+# probes a call read ~160 positions, 2.3 % of the call.
 PROBE_CATCH_UP = 16
 
 
@@ -51,12 +51,11 @@ def resolve_draft_vocab(draft_vocab: str, device) -> str:
 def auto_top_k(tree_size: int) -> int:
     """tree_top_k="auto": 4 up to 16 nodes, then a quarter of the node budget, at most 20 (47 -> 12, 128 -> 20).
 
-    A CPU's trees of 10: round 23, SmolLM2 on the AMD EPYC, top-k 3 / 4 / 6 / 8 gave 1.87x / 2.07x / 1.92x / 1.88x of
-    generate at 2.46 / 2.45 / 2.53 / 2.52 tokens per forward (`examples/adhoc/r23_tree_top_k_ab.py 2 3 96 4 3 6 8`):
-    wider costs more drafting than it gains. Larger trees, by tokens per forward (round 37: greedy, SmolLM2's head over
-    the whole vocabulary, held-out prompts 6..15, `examples/adhoc/r35_head_ab.py`, logs `r37_gpu_tree.log` and
-    `r37_top_k.log`): 47 nodes 8 deep (a GPU's "auto") at top-k 4 / 6 / 8 / 12 / 16: 2.67 / 2.83 / 2.84 / 2.86 / 2.86;
-    128 nodes 12 deep at 12 / 20: 3.17 / 3.25; sampled (T=0.7, top-p 0.9, 12 runs, `r37_sampled.log`), 47 nodes at
+    A CPU's trees of 10: SmolLM2 on an AMD EPYC with AVX-512, top-k 3 / 4 / 6 / 8 gave 1.87x / 2.07x / 1.92x / 1.88x of
+    generate at 2.46 / 2.45 / 2.53 / 2.52 tokens per forward:
+    wider costs more drafting than it gains. Larger trees, by tokens per forward (greedy, SmolLM2's head over
+    the whole vocabulary, held-out prompts 6..15): 47 nodes 8 deep (a GPU's "auto") at top-k 4 / 6 / 8 / 12 / 16: 2.67 / 2.83 / 2.84 / 2.86 / 2.86;
+    128 nodes 12 deep at 12 / 20: 3.17 / 3.25; sampled (T=0.7, top-p 0.9, 12 runs), 47 nodes at
     4 / 12: 2.20 / 2.45. A top-k of 4 leaves a large tree too narrow near the root (47 nodes: the first draft matched
     in 0.69 of the steps against 0.81 at 12). The wider levels cost a few more rows per head forward, nearly nothing
     where such trees are verified (an accelerator; not timed there)."""
@@ -72,15 +71,15 @@ class EagleDrafter:
     "full" (the model's whole vocabulary) or "auto" (default: "head" on a CPU, "full" elsewhere). The head predicts
     features, not logits, so either works with any head; the whole vocabulary drafts what a small draft vocabulary
     misses (SmolLM2's 8192 tokens cover ~92-96 % of the next tokens of held-out replies) at ~6x the projection's
-    cost. Round 35, SmolLM2, greedy, held-out prompts 6..15: trees of 96 nodes 10 deep 3.11 tokens per forward
-    against 2.96, trees of 10 (a CPU's) 2.32 against 2.28; round 37, trees of 47 (a GPU's "auto") 8 deep: 2.84
-    against 2.72 at top-k 8, 2.67 against 2.61 at top-k 4 (`examples/adhoc/r35_head_ab.py`). On a CPU the projection
+    cost. SmolLM2, greedy, held-out prompts 6..15: trees of 96 nodes 10 deep 3.11 tokens per forward
+    against 2.96, trees of 10 (a CPU's) 2.32 against 2.28; trees of 47 (a GPU's "auto") 8 deep: 2.84
+    against 2.72 at top-k 8, 2.67 against 2.61 at top-k 4. On a CPU the projection
     costs more than it gains, so "auto" keeps the head's; on an accelerator a few rows' projection is nearly free
     (chosen from tokens per forward; wall time not measured on a GPU)."""
 
     # tree_size="auto" (the default) drafts trees with it where trees pay: measured on SmolLM2's EAGLE head, 1.76-1.89x
-    # of generate as trees of 10 against 1.46-1.60x as chains on a CPU with the few-row kernel (rounds 21-22), and
-    # 2.16x against 1.22x as trees of 47 on an H200 (round 9)
+    # of generate as trees of 10 against 1.46-1.60x as chains on a CPU with the few-row kernel, and
+    # 2.16x against 1.22x as trees of 47 on an H200
     auto_trees = True
 
     def __init__(self, target, head, min_draft_confidence: float = 0.0, tree_top_k: int | str = "auto",
@@ -112,12 +111,20 @@ class EagleDrafter:
         return (self.head,)
 
     @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The base's hidden_states indices the head reads beside its final state (an EAGLE-3 head; () for others):
+        the engine has the target return them with every hidden state (`TargetModel.set_feature_layers`)."""
+        return self.head.config.feature_layers
+
+    @property
     def projected_vocab(self) -> torch.Tensor | None:
         """The draft vocabulary the head's features are projected onto through the target's LM head (None: all of it)."""
         return self.draft_vocab
 
     def propose(self, context: DraftContext) -> Draft:
-        new_features = context.hidden_states  # [num_new, hidden] real features of the newly committed positions
+        # [num_new, hidden] real features of the newly committed positions ([num_new, (1 + n) hidden] with feature
+        # layers: the head fuses those rows; the features it predicts below are [.., hidden] and fed back as they are)
+        new_features = context.hidden_states
         num_tokens, num_new = context.token_ids.shape[0], new_features.shape[0]
         first = num_tokens - 1 - num_new  # position of new_features[0]; it predicts token_ids[first + 1]
         if first == 0 or self._cache is None:  # a new sequence

@@ -40,6 +40,10 @@ class BatchEagleDrafter:
         return (self.head,)
 
     @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.head.config.feature_layers  # (as EagleDrafter's)
+
+    @property
     def projected_vocab(self) -> torch.Tensor | None:
         return self.draft_vocab  # (as EagleDrafter's)
 

@@ -43,9 +43,10 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
     positions = past + tree.position_offsets().to(device)  # [num_nodes + 1]
     mask = tree_attention_mask(tree, past, target.lm_head.weight.dtype, device)
     out = target.decoder(
-        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], cache=cache.hf_cache, use_cache=True
+        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], cache=cache.hf_cache, use_cache=True,
+        **target.decoder_options,
     )
-    return out.last_hidden_state[0]
+    return target.states(out)[0]
 
 
 # A probe with siblings at two depths, a deeper branch and a leaf next to it: rows 0..6.
@@ -91,7 +92,7 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
     tree = DraftTree(tokens, torch.tensor(_PROBE_PARENTS, device=target.device))
     try:
         target.forward(prompt[:-1], cache)
-        got = tree_forward(target, int(prompt[-1]), tree, cache)  # [num_nodes + 1, hidden]
+        got = tree_forward(target, int(prompt[-1]), tree, cache)[:, : target.hidden_size]  # [num_nodes + 1, hidden]
     except (TypeError, ValueError, RuntimeError) as err:
         raise NotImplementedError(
             f"{name} (attn_implementation={attn!r}) rejected a custom 4D attention mask ({err}); tree drafts need "
