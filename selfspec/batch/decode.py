@@ -377,8 +377,8 @@ def _forward_block(target, cache: RaggedCache, block_ids: torch.Tensor,
                                f"in its layers, but the batch verifies {n}")
         return target.forward_block_from(exit_states, cache.hf_cache, exit_layer, mask, positions)
     out = target.decoder(input_ids=block_ids, attention_mask=mask, position_ids=positions, cache=cache.hf_cache,
-                         use_cache=True)
-    return out.last_hidden_state
+                         use_cache=True, **target.decoder_options)
+    return target.states(out)
 
 
 def _prefilled(drafts: list[Draft]) -> tuple[int, torch.Tensor] | None:

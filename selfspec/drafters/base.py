@@ -100,7 +100,10 @@ class Drafter(Protocol):
     Medusa runs its heads once for all rows; default: `propose` per row); `projected_vocab` (a draft vocabulary, [N]
     token ids, whose rows of the target's LM head its drafts are projected onto with `target.logits(hidden,
     vocab_ids=projected_vocab)`: the engine builds those rows once, routes their products through the few-row kernel
-    and counts them in the stats' memory figure; default None)."""
+    and counts them in the stats' memory figure; default None); `feature_layers` (hidden_states indices of the target's
+    decoder layers whose states it reads beside the final one, as an EAGLE-3 head does: the engine sets them on the
+    target once (`TargetModel.set_feature_layers`), and every hidden state it hands the drafter is then
+    [final state; hidden_states[l] for l in feature_layers], (1 + n) * hidden wide; default ())."""
 
     def propose(self, context: DraftContext) -> Draft:
         """Draft up to `context.num_draft_tokens` tokens to follow `context.token_ids` (the engine checks the draft
