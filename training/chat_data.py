@@ -3,8 +3,12 @@ hidden states it computed while answering are kept, so training never runs the b
 
     python -m training.chat_data --model smollm2 --out runs/smollm2-data --time-budget 1500
 
+    python -m training.chat_data --model smollm2 --out runs/smollm2-data3 --feature-layers auto   # EAGLE-3 data
+
 A data directory holds shards `shard_00000.pt` ... each a list of records {"ids": [T] int32 (prompt + reply),
-"hidden": [T - 1, H] float16 final post-norm hidden states at positions 0 .. T-2 (position t predicts t+1),
+"hidden": [T - 1, H] float16 final post-norm hidden states at positions 0 .. T-2 (position t predicts t+1; with
+--feature-layers [T - 1, (1 + n) H]: the final state, then hidden_states[l] for each feature layer l, recorded by one
+more forward over prompt + reply),
 "reply_start": index of the first reply token, "greedy": bool} and `meta.json` (the base's identity, counts).
 Batched `generate` with left padding writes the replies; a forward hook on the decoder's final norm records
 the hidden states each step computes anyway. Knows nothing about heads or losses.
@@ -38,6 +42,7 @@ class ChatDataSettings:
     seed: int = 0
     first_prompt: int = 0  # skip this many prompts of the shuffled order (to extend a dataset with new prompts)
     prompt_set: str = "topics"  # training/prompts.py: "topics", "everyday" or "questions"
+    feature_layers: tuple[str, ...] = ()  # "auto" or hidden_states indices recorded beside the final state (EAGLE-3)
 
 
 _HELP = {
@@ -50,6 +55,8 @@ _HELP = {
     "threads": "0 = every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)",
     "seed": "0: the prompts' shuffled order and the sampled batches",
     "first_prompt": "0: skip this many prompts of the shuffled order (to extend a dataset with new prompts)",
+    "feature_layers": "none: the final state only; 'auto' (EAGLE-3's layers 2, L//2, L-3) or indices: their "
+                      "hidden_states too, after the final state in each record's 'hidden' (one more forward per batch)",
     "prompt_set": "topics: training/prompts.py's set of prompts (topics; everyday: practical how-to and advice; "
                   "questions: requests as people type them)",
 }
@@ -113,6 +120,23 @@ def answer_batch(model, tokenizer, norm, batch: list[list[int]], max_new_tokens:
     return records
 
 
+@torch.no_grad()
+def record_features(target, records: list[dict], batch_size: int = 8) -> None:
+    """Replace each record's "hidden" by [T - 1, (1 + n) H] float16 rows of the target's final state and feature
+    layers, from one forward over prompt + reply (right-padded: a causal row never reads what follows it)."""
+    for first in range(0, len(records), batch_size):
+        chunk = records[first : first + batch_size]
+        width = max(len(r["ids"]) for r in chunk)
+        ids = torch.zeros(len(chunk), width, dtype=torch.long)
+        for i, r in enumerate(chunk):
+            ids[i, : len(r["ids"])] = r["ids"].long()
+        out = target.decoder(input_ids=ids.to(target.device), use_cache=False, **target.decoder_options)
+        states = target.states(out).cpu()
+        for i, r in enumerate(chunk):
+            # clamped: a few massive activations (SmolLM2: ~2e4 in middle layers) come near float16's 65504
+            r["hidden"] = states[i, : len(r["ids"]) - 1].clamp(-65000, 65000).to(torch.float16).clone()
+
+
 def generate_records(settings: ChatDataSettings, model, progress: bool = True) -> list[dict]:
     """Answer training prompts until `settings.time_budget` seconds pass; each batch is saved as a shard under
     `settings.out` as it completes (a time limit keeps what finished). Returns all records."""
@@ -125,12 +149,17 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
         raise ValueError(f"{settings.model} has no tokenizer with a chat template: chat data needs one (use --data TEXT)")
     from selfspec.target import TargetModel
 
-    norm = TargetModel(model).parts.norm  # the module whose output the LM head reads
+    target = TargetModel(model)
+    norm = target.parts.norm  # the module whose output the LM head reads
+    if settings.feature_layers:
+        from training.recipes import resolve_feature_layers
+
+        target.set_feature_layers(resolve_feature_layers(settings.feature_layers, target.num_layers))
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_sets.train_prompts(settings.seed, settings.prompt_set)[settings.first_prompt :]
     meta = {"settings": asdict(settings), "base": asdict(BaseIdentity.of(model)), "shards": [], "records": 0,
-            "tokens": 0, "reply_tokens": 0, "seconds": 0.0}
+            "tokens": 0, "reply_tokens": 0, "seconds": 0.0, "feature_layers": list(target.feature_layers)}
     records = []
     bar = tqdm(total=int(settings.time_budget), desc="self-generating replies", unit="s", disable=not progress)
     for number, first in enumerate(range(0, len(prompts), settings.batch_size)):
@@ -139,6 +168,8 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
         batch = [chat_prompt_ids(tokenizer, p) for p in prompts[first : first + settings.batch_size]]
         greedy = settings.sampled_every <= 0 or number % settings.sampled_every != settings.sampled_every - 1
         batch_records = answer_batch(model, tokenizer, norm, batch, settings.max_new_tokens, greedy, settings.seed + number)
+        if target.feature_layers:
+            record_features(target, batch_records)
         records += batch_records
         name = f"shard_{number:05d}.pt"
         torch.save(batch_records, out / name)

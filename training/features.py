@@ -2,7 +2,7 @@
 training positions built from them.
 
 A record is {"ids": [T] (prompt + text), "hidden": [T - 1, H] post-norm hidden states at positions 0..T-2 (position t
-predicts token t+1), "reply_start": first id whose prediction is trained on, optional "exit_hidden": [T - 1, H] the
+predicts token t+1; [T - 1, (1 + n) H] with the target's n feature layers after them, `TargetModel.set_feature_layers`), "reply_start": first id whose prediction is trained on, optional "exit_hidden": [T - 1, H] the
 first L layers' output}. Chat data (`training/chat_data.py`) records hidden states while the base writes; text
 windows get them from one no-grad forward each here. Everything a head learns from (its inputs, the base's
 distribution over a draft vocabulary) is a function of these tensors, so training never runs the base again.
@@ -28,9 +28,11 @@ def compute_records(target, rows: list[torch.Tensor], exit_layer: int = 0, batch
         chunk = rows[first : first + batch_size]
         width = min(len(r) for r in chunk)
         ids = torch.stack([r[:width] for r in chunk]).long().to(target.device)
-        out = target.decoder(input_ids=ids, output_hidden_states=exit_layer > 0, use_cache=False)
+        out = target.decoder(input_ids=ids, output_hidden_states=exit_layer > 0 or bool(target.feature_layers),
+                             use_cache=False)
+        states = target.states(out)  # [B, T, H], or [B, T, (1 + n) H] with the target's feature layers
         for i in range(len(chunk)):
-            record = {"ids": ids[i].cpu().to(torch.int32), "hidden": out.last_hidden_state[i, :-1].cpu(), "reply_start": 1}
+            record = {"ids": ids[i].cpu().to(torch.int32), "hidden": states[i, :-1].cpu(), "reply_start": 1}
             if exit_layer > 0:
                 record["exit_hidden"] = out.hidden_states[exit_layer][i, :-1].cpu()
             records.append(record)

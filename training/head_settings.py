@@ -31,6 +31,7 @@ class HeadSettings:
     draft_vocab_size: int = 0
     eagle_passes: int = 3
     eagle_layout: typing.Literal["selfspec", "eagle1"] = "selfspec"
+    feature_layers: tuple[str, ...] = ()
     init: str = ""
     glob: str = "**/*.txt"
     eval_data: tuple[str, ...] = ()
@@ -79,6 +80,10 @@ class HeadSettings:
             raise ValueError("--heldout-fraction and --data-fraction must be in (0, 1)")
         if self.exit_layer < 0 or self.draft_vocab_size < 0:
             raise ValueError("--exit-layer and --draft-vocab-size must be >= 0")
+        if self.feature_layers and self.kind != "eagle":
+            raise ValueError("--feature-layers is an option of --kind eagle (an EAGLE-3 head)")
+        if self.feature_layers and self.feature_layers != ("auto",) and not all(v.isdigit() for v in self.feature_layers):
+            raise ValueError(f"--feature-layers takes 'auto' or layer indices (e.g. 2 15 27), got {self.feature_layers}")
         if self.resume and self.eval_only:
             raise ValueError("--resume and --eval-only exclude each other")
 
@@ -105,6 +110,9 @@ _HELP = {
     "eagle_layout": "selfspec: input and output norms around the layer (how examples/smollm2/eagle was trained); "
     "eagle1: the published EAGLE-1 layout (no norms, embedding first), which "
     "`EagleHead.save_pretrained(dir, format='vllm')` exports for vLLM (--init keeps its head's layout)",
+    "feature_layers": "none: the EAGLE head reads the base's final state only; 'auto': EAGLE-3's low, middle and "
+    "high layers (hidden_states 2, L//2, L-3 of an L-layer base) beside it, fused by the head; or indices (2 15 27). "
+    "With --init of a final-state head, the new head starts as that head (its feature fc takes the final state)",
     "init": "start from the heads in this directory (same kind, same base) instead of fresh ones, e.g. to continue "
     "training on more data; their draft vocabulary is kept",
     "glob": "**/*.txt: which files of a --data directory are text; pass '**/*.py' for Python source",

@@ -72,7 +72,8 @@ def build_records(settings: HeadSettings, target, recipe, started: float, proces
 
         budget = settings.time_budget * settings.data_fraction - (time.time() - started) if settings.time_budget else 600
         chat = ChatDataSettings(model=settings.model, out=str(Path(settings.out) / "chat-data"), time_budget=budget,
-                                seed=settings.seed + process_index)
+                                seed=settings.seed + process_index,
+                                feature_layers=tuple(str(l) for l in target.feature_layers))
         records += generate_records(chat, target.model)
     if text_sources or settings.self_generate:
         text_rows, heldout_rows = head_data.build_rows(settings, target.model, text_sources, process_index)
@@ -89,8 +90,14 @@ def _chat_records(directory: str, target) -> list[dict]:
     from heads.checkpoint import BaseIdentity
     from training.chat_data import load_records, read_meta
 
-    recorded = BaseIdentity.from_dict(read_meta(directory)["base"])
+    meta = read_meta(directory)
+    recorded = BaseIdentity.from_dict(meta["base"])
     recorded.check_matches(BaseIdentity.of(target.model), f"the chat data in {directory!r}")
+    layers = tuple(meta.get("feature_layers", ()))
+    if layers != target.feature_layers:
+        raise ValueError(f"the chat data in {directory!r} records feature layers {layers or '(none)'}, this run reads "
+                         f"{target.feature_layers or '(none)'}: record it again with `python -m training.chat_data "
+                         f"--feature-layers {' '.join(map(str, target.feature_layers)) or '...'}` or match --feature-layers")
     return load_records(directory)
 
 
@@ -124,6 +131,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
             "(max_position_embeddings); lower --seq-len"
         )
     recipe = recipe_for(settings, target.num_layers)
+    target.set_feature_layers(getattr(recipe, "feature_layers", ()))  # the records then carry them (EAGLE-3)
     records, heldout_records = build_records(settings, target, recipe, started, accelerator.process_index)
     data_seconds = time.time() - started
     train = feature_data.PositionStream(records, "the training data")

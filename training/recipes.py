@@ -5,7 +5,8 @@ against the frozen base's own distribution, restricted to the draft vocabulary w
 here. With h_t the base's post-norm hidden state at position t (it predicts token t+1):
 - Medusa head k (0-based) reads h_t and guesses token t+2+k: the base's distribution from h_{t+1+k};
 - the EAGLE head reads (h_t, token t+1) and predicts the feature h_{t+1} (regression) and, through the LM head, the
-  base's distribution from h_{t+1}; passes 2.. feed it its own predicted features instead of h_t and let it attend
+  base's distribution from h_{t+1} (an EAGLE-3 head, with feature layers, reads several of the base's layers at t and
+  learns the distribution only, as EAGLE-3 drops the feature regression); passes 2.. feed it its own predicted features instead of h_t and let it attend
   to real entries up to the chain's start and the chain's own after it (as at inference, where every draft after the
   first reads a predicted feature), so later draft positions are trained as they run;
 - an exit adapter reads the first L layers' output at t and guesses token t+1 like the full model.
@@ -177,16 +178,27 @@ class EagleRecipe:
     feature_weight: float = 0.5  # smooth-L1 on features / their RMS, beside the distribution loss (weight 1)
     kind: str = "eagle"
     layout: str = "selfspec"  # heads/eagle.py: "eagle1" is the published layout vLLM serves
+    feature_layers: tuple[int, ...] = ()  # the base's hidden_states the head reads beside the final state (EAGLE-3)
 
     def new_head(self, model, settings, draft_vocab):
         from heads.eagle import EagleHead
 
-        return EagleHead.for_model(model, self.num_layers, draft_vocab=draft_vocab, layout=self.layout)
+        return EagleHead.for_model(model, self.num_layers, draft_vocab=draft_vocab, layout=self.layout,
+                                   feature_layers=self.feature_layers)
 
     def load_head(self, directory, model):
+        """The head in `directory`; a final-state head loaded for a recipe with feature layers is widened to them
+        (`EagleHead.widened`: it drafts as before until trained), so --init warm-starts an EAGLE-3 head."""
         from heads.eagle import EagleHead
 
-        return EagleHead.from_pretrained(directory, model=model)
+        head = EagleHead.from_pretrained(directory, model=model)
+        if self.feature_layers and not head.config.feature_layers:
+            return EagleHead.widened(head, self.feature_layers, model)
+        if head.config.feature_layers != self.feature_layers:
+            raise ValueError(f"the EAGLE head in {str(directory)!r} reads feature layers {head.config.feature_layers}, "
+                             f"this run {self.feature_layers}: pass --feature-layers "
+                             f"{' '.join(map(str, head.config.feature_layers)) or '(none)'} or start a fresh head")
+        return head
 
     def _passes(self, head, batch: Batch, teacher: Teacher):
         """Yields (pass index j, predicted features [B, L-1, H] for positions 1..L-1, mask [B, L-1]).
@@ -207,18 +219,26 @@ class EagleRecipe:
             predicted = head(features, next_embeddings, positions, cache, attention_mask=mask)  # [B, L, H]
             chained = torch.cat([torch.zeros_like(trained[:, :j]), batch.same_record(j + 1)], dim=1)  # rows t-j..t+1
             yield j, predicted[:, :-1], chained & trained
-            features = torch.cat([batch.features[:, :1], predicted[:, :-1]], dim=1)
+            # position 0 of a later pass is never trained or read by a trained row; multi-layer real rows are wider
+            # than predicted ones, so it then repeats a predicted row
+            first = batch.features[:, :1] if batch.features.shape[-1] == predicted.shape[-1] else predicted[:, :1]
+            features = torch.cat([first, predicted[:, :-1]], dim=1)
 
     def loss(self, head, batch, teacher):
-        target_hidden = batch.features[:, 1:]
+        hidden = teacher.target.hidden_size
+        target_hidden = batch.features[:, 1:, :hidden]  # the final state (multi-layer rows carry more after it)
         target_probs = teacher.probs(target_hidden)
         scale = target_hidden.float().pow(2).mean().sqrt().clamp_min(1e-6)
+        feature_weight = 0.0 if self.feature_layers else self.feature_weight  # EAGLE-3 learns the distribution only
         loss, top1 = batch.features.new_zeros((), dtype=torch.float32), []
         for j, predicted, mask in self._passes(head, batch, teacher):
             student = teacher.logits(predicted)
-            regression = F.smooth_l1_loss(predicted.float() / scale, target_hidden.float() / scale, reduction="none").mean(-1)
-            regression = (regression * mask).sum() / mask.sum().clamp_min(1)
-            loss = loss + self.pass_decay**j * (soft_cross_entropy(student, target_probs, mask) + self.feature_weight * regression)
+            loss = loss + self.pass_decay**j * soft_cross_entropy(student, target_probs, mask)
+            if feature_weight:
+                regression = F.smooth_l1_loss(predicted.float() / scale, target_hidden.float() / scale,
+                                              reduction="none").mean(-1)
+                regression = (regression * mask).sum() / mask.sum().clamp_min(1)
+                loss = loss + self.pass_decay**j * feature_weight * regression
             top1.append(agreement(student, target_probs.argmax(-1), mask))
         return loss, top1
 
@@ -269,11 +289,23 @@ class ExitAdapterRecipe:
                 "plain_early_exit_top1": round(float(counts[1]) / max(positions, 1), 4), "positions": positions}
 
 
+def resolve_feature_layers(values: tuple[str, ...], num_model_layers: int) -> tuple[int, ...]:
+    """--feature-layers: () -> (); ("auto",) -> EAGLE-3's low, middle and high layers; indices as given."""
+    from heads.eagle_module import check_feature_layers, default_feature_layers
+
+    if not values:
+        return ()
+    layers = default_feature_layers(num_model_layers) if tuple(values) == ("auto",) else tuple(int(v) for v in values)
+    check_feature_layers(layers, num_model_layers, "--feature-layers")
+    return layers
+
+
 def recipe_for(settings, num_model_layers: int) -> Recipe:
     if settings.kind == "medusa":
         return MedusaRecipe(settings.num_heads, settings.num_layers, settings.share_lm_head, settings.head_loss_decay)
     if settings.kind == "eagle":
-        return EagleRecipe(settings.num_layers, settings.eagle_passes, layout=settings.eagle_layout)
+        return EagleRecipe(settings.num_layers, settings.eagle_passes, layout=settings.eagle_layout,
+                           feature_layers=resolve_feature_layers(getattr(settings, "feature_layers", ()), num_model_layers))
     exit_layer = settings.exit_layer or num_model_layers // 2
     if not 1 <= exit_layer < num_model_layers:
         raise ValueError(f"--exit-layer must be in [1, {num_model_layers - 1}] for this model, got {exit_layer}")

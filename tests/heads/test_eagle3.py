@@ -1,0 +1,98 @@
+"""EAGLE-3 heads (`EagleConfig.feature_layers`): they fuse the base's final state with the named layers' states,
+feed their own predictions back unfused, round-trip through their checkpoint, start as "take the final state", and
+widen a final-state head without changing what it computes. The modules import without a cycle."""
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from heads.eagle import EagleHead
+from heads.eagle_module import EagleConfig
+from tests.conftest import tiny_model
+
+LAYERS = (1, 2)
+
+
+def noisy(head, scale=0.1, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return head.eval()
+
+
+def wide_rows(model, length=5):
+    """[1, length, 3H] the rows the target hands an EAGLE-3 head of LAYERS: final state, hidden_states 1 and 2."""
+    out = model.get_decoder()(input_ids=torch.arange(3, 3 + length)[None], output_hidden_states=True)
+    return torch.cat([out.last_hidden_state] + [out.hidden_states[l] for l in LAYERS], dim=-1).detach()
+
+
+def test_a_fresh_eagle3_head_computes_what_a_fresh_final_state_head_does():
+    model = tiny_model(num_layers=4)
+    wide, plain = EagleHead.for_model(model, feature_layers=LAYERS), EagleHead.for_model(model)
+    rows = wide_rows(model)
+    embeddings = model.get_input_embeddings()(torch.arange(4, 9)[None]).detach()
+    positions = torch.arange(5)[None]
+    torch.testing.assert_close(wide(rows, embeddings, positions), plain(rows[..., :32], embeddings, positions))
+    assert wide.feature_fc.weight.shape == (32, 96) and wide.config.feature_width == 96
+
+
+def test_widening_keeps_a_trained_head_and_its_predictions_feed_back_unfused():
+    model = tiny_model(num_layers=4)
+    plain = noisy(EagleHead.for_model(model))
+    wide = EagleHead.widened(plain, LAYERS, model)
+    rows = wide_rows(model)
+    embeddings = model.get_input_embeddings()(torch.arange(4, 9)[None]).detach()
+    positions = torch.arange(5)[None]
+    predicted = plain(rows[..., :32], embeddings, positions)
+    torch.testing.assert_close(wide(rows, embeddings, positions), predicted)
+    # a predicted feature (H wide) goes in as it is, as plain's does
+    torch.testing.assert_close(wide(predicted, embeddings, positions), plain(predicted, embeddings, positions))
+    noisy(wide, seed=3)  # the layers' slots now matter
+    assert not torch.allclose(wide(rows, embeddings, positions), wide(torch.cat(
+        [rows[..., :32], torch.zeros_like(rows[..., 32:])], -1), embeddings, positions))
+    with pytest.raises(ValueError, match="already reads feature layers"):
+        EagleHead.widened(wide, LAYERS, model)
+
+
+def test_checkpoint_round_trip_and_refusals(tmp_path):
+    model = tiny_model(num_layers=4)
+    head = noisy(EagleHead.for_model(model, feature_layers=LAYERS))
+    head.save_pretrained(tmp_path)
+    loaded = EagleHead.from_pretrained(tmp_path, model=model)
+    assert loaded.config.feature_layers == LAYERS and loaded.config.feature_width == 96
+    rows = wide_rows(model)
+    embeddings = model.get_input_embeddings()(torch.arange(4, 9)[None]).detach()
+    torch.testing.assert_close(loaded(rows, embeddings, torch.arange(5)[None]),
+                               head(rows, embeddings, torch.arange(5)[None]), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="lie beyond it"):  # layer 2 of a 2-layer base does not exist
+        EagleHead.from_pretrained(tmp_path, model=tiny_model(num_layers=2), check_base=False)
+    with pytest.raises(ValueError, match="width"):
+        head(rows[..., :64], embeddings, torch.arange(5)[None])
+    with pytest.raises(ValueError, match="selfspec"):
+        EagleConfig(head.config.base, head.config.base_config, layout="eagle1", feature_layers=(1,))
+    with pytest.raises(ValueError, match="distinct"):
+        EagleHead.for_model(model, feature_layers=(1, 1))
+
+
+def test_no_heads_module_imports_one_that_imports_it_back():
+    """heads/eagle_module.py <- eagle_formats.py / eagle_speculators.py <- eagle.py, with no import back, even
+    inside a function."""
+    root = Path(__file__).resolve().parents[2] / "heads"
+    imports = {}
+    for path in root.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("heads"):
+                names.add(node.module if node.module != "heads" else f"heads.{node.names[0].name}")
+            elif isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name.startswith("heads.")}
+        imports[f"heads.{path.stem}"] = names - {f"heads.{path.stem}"}
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in imports.get(start, ()))
+
+    cycles = [m for m in imports if m != "heads.__init__" and reaches(m, m)]
+    assert not cycles, {m: imports[m] for m in cycles}
+    assert "heads.eagle_module" in imports["heads.eagle_formats"] and "heads.eagle" not in imports["heads.eagle_formats"]
