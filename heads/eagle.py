@@ -1,9 +1,9 @@
 """The EAGLE head as users load and save it: `heads/eagle_module.py`'s module, reading and writing every supported
 directory format. Dispatch only: this module imports the formats, which import the module, never this file.
 
-    EagleHead.from_pretrained(directory, model=model)   # selfspec's own format, a published EAGLE-1/2 head, a vLLM
-                                                        # EAGLE-1 export or a `speculators` EAGLE / EAGLE-3 export
-    head.save_pretrained(directory, format="selfspec")  # or "vllm" ("eagle1" layout) or "speculators"
+    EagleHead.from_pretrained(directory, model=model)   # selfspec's own format, a published EAGLE-1/2 head or a
+                                                        # vLLM EAGLE-1 export (a `speculators` export is refused)
+    head.save_pretrained(directory, format="selfspec")  # or "vllm" ("eagle1" layout)
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ FORMATS = ("selfspec", "vllm", "speculators")
 class EagleHead(EagleModule):
     def save_pretrained(self, directory: str | os.PathLike, format: str = "selfspec", model=None) -> None:
         """Write config.json + model.safetensors. format="vllm" writes an "eagle1" head as vLLM's EAGLE-1 draft model
-        (with `model`, also the base's embedding, which SafeAILab/EAGLE's loader needs); format="speculators" writes
-        the `speculators` package's EAGLE or EAGLE-3 layout (`heads/eagle_speculators.py`)."""
+        (with `model`, also the base's embedding, which SafeAILab/EAGLE's loader needs); format="speculators" is
+        refused with the reason (`heads/eagle_speculators.py`: no selfspec layout computes that format's model)."""
         if format == "vllm":
             return eagle_formats.save_vllm(self, directory, model=model)
         if format == "speculators":

@@ -96,3 +96,17 @@ def test_no_heads_module_imports_one_that_imports_it_back():
     cycles = [m for m in imports if m != "heads.__init__" and reaches(m, m)]
     assert not cycles, {m: imports[m] for m in cycles}
     assert "heads.eagle_module" in imports["heads.eagle_formats"] and "heads.eagle" not in imports["heads.eagle_formats"]
+
+
+def test_the_speculators_format_is_detected_and_refused_with_its_reason(tmp_path):
+    import json
+
+    model = tiny_model(num_layers=4)
+    head = EagleHead.for_model(model, feature_layers=LAYERS)
+    with pytest.raises(NotImplementedError, match="format='vllm'"):
+        head.save_pretrained(tmp_path / "out", format="speculators")
+    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "draft_vocab_size": 32}))
+    with pytest.raises(NotImplementedError, match="speculators 'eagle3' draft model"):
+        EagleHead.from_pretrained(tmp_path, model=model)
+    with pytest.raises(ValueError, match="unknown EAGLE head format"):
+        head.save_pretrained(tmp_path / "out", format="speculator")
