@@ -4,6 +4,7 @@ hidden states it computed while answering are kept, so training never runs the b
     python -m training.chat_data --model smollm2 --out runs/smollm2-data --time-budget 1500
 
     python -m training.chat_data --model smollm2 --out runs/smollm2-data3 --feature-layers auto   # EAGLE-3 data
+    python -m training.chat_data --model smollm2 --out runs/d4 --feature-layers auto --draft-head examples/smollm2/eagle
 
 A data directory holds shards `shard_00000.pt` ... each a list of records {"ids": [T] int32 (prompt + reply),
 "hidden": [T - 1, H] float16 final post-norm hidden states at positions 0 .. T-2 (position t predicts t+1; with
@@ -43,6 +44,7 @@ class ChatDataSettings:
     first_prompt: int = 0  # skip this many prompts of the shuffled order (to extend a dataset with new prompts)
     prompt_set: str = "topics"  # training/prompts.py: "topics", "everyday" or "questions"
     feature_layers: tuple[str, ...] = ()  # "auto" or hidden_states indices recorded beside the final state (EAGLE-3)
+    draft_head: str = ""  # an EAGLE head directory: selfspec's batched generate writes the replies, drafting with it
 
 
 _HELP = {
@@ -57,6 +59,9 @@ _HELP = {
     "first_prompt": "0: skip this many prompts of the shuffled order (to extend a dataset with new prompts)",
     "feature_layers": "none: the final state only; 'auto' (EAGLE-3's layers 2, L//2, L-3) or indices: their "
                       "hidden_states too, after the final state in each record's 'hidden' (one more forward per batch)",
+    "draft_head": "none: transformers' batched generate writes the replies; an EAGLE head directory: selfspec's "
+                  "batched generate does, drafting with that head (greedy replies are exactly the base's; sampled ones "
+                  "follow its law), then one forward over prompt + reply records the features",
     "prompt_set": "topics: training/prompts.py's set of prompts (topics; everyday: practical how-to and advice; "
                   "questions: requests as people type them)",
 }
@@ -133,8 +138,24 @@ def record_features(target, records: list[dict], batch_size: int = 8) -> None:
         out = target.decoder(input_ids=ids.to(target.device), use_cache=False, **target.decoder_options)
         states = target.states(out).cpu()
         for i, r in enumerate(chunk):
-            # clamped: a few massive activations (SmolLM2: ~2e4 in middle layers) come near float16's 65504
+            # clamped: SmolLM2's massive activations (~2e4 in middle layers) come near float16's 65504
             r["hidden"] = states[i, : len(r["ids"]) - 1].clamp(-65000, 65000).to(torch.float16).clone()
+
+
+def answer_batch_drafted(spec, batch: list[list[int]], max_new_tokens: int, greedy: bool, seed: int, eos):
+    """Replies to the prompts from `spec` (a SelfSpecModel: its batched generate), cut through their EOS -> (records
+    without "hidden", left for `record_features`; the batch's GenerationStats)."""
+    torch.manual_seed(seed)
+    options = {} if greedy else {"do_sample": True, "temperature": 0.7, "top_p": 0.9}
+    out = spec.generate([torch.tensor(ids) for ids in batch], max_new_tokens=max_new_tokens, eos_token_id=sorted(eos),
+                        **options)
+    records = []
+    for prompt, sequence in zip(batch, out.sequences):
+        reply = sequence[len(prompt) :].tolist()
+        end = next((i + 1 for i, token in enumerate(reply) if token in eos), len(reply))
+        records.append({"ids": torch.tensor(prompt + reply[:end], dtype=torch.int32), "reply_start": len(prompt),
+                        "greedy": greedy})
+    return records, out.stats
 
 
 def generate_records(settings: ChatDataSettings, model, progress: bool = True) -> list[dict]:
@@ -158,6 +179,13 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = prompt_sets.train_prompts(settings.seed, settings.prompt_set)[settings.first_prompt :]
+    spec = None
+    if settings.draft_head:
+        from selfspec import SelfSpecModel
+
+        spec = SelfSpecModel(model, heads=settings.draft_head)
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [eos])
     meta = {"settings": asdict(settings), "base": asdict(BaseIdentity.of(model)), "shards": [], "records": 0,
             "tokens": 0, "reply_tokens": 0, "seconds": 0.0, "feature_layers": list(target.feature_layers)}
     records = []
@@ -167,8 +195,14 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
             break
         batch = [chat_prompt_ids(tokenizer, p) for p in prompts[first : first + settings.batch_size]]
         greedy = settings.sampled_every <= 0 or number % settings.sampled_every != settings.sampled_every - 1
-        batch_records = answer_batch(model, tokenizer, norm, batch, settings.max_new_tokens, greedy, settings.seed + number)
-        if target.feature_layers:
+        if spec is not None:
+            batch_records, stats = answer_batch_drafted(spec, batch, settings.max_new_tokens, greedy,
+                                                        settings.seed + number, eos)
+            meta["tokens_per_forward"] = round(stats.new_tokens / max(stats.target_forwards, 1), 3)  # the last batch's
+        else:
+            batch_records = answer_batch(model, tokenizer, norm, batch, settings.max_new_tokens, greedy,
+                                         settings.seed + number)
+        if target.feature_layers or spec is not None:
             record_features(target, batch_records)
         records += batch_records
         name = f"shard_{number:05d}.pt"
