@@ -39,7 +39,7 @@ stamp "1/3 verify cost, 1B-class random Llama, bfloat16"
 timeout 80 python3 examples/verify_cost.py --device cuda --dtype bfloat16 --json "$OUT/verify_cost.json" \
     || echo "gpu_check: verify cost failed or timed out (exit $?)"
 
-# 3 held-out prompts x 2 rounds x 64 tokens; every selfspec drafter also at a fixed k = 3 (round 7: in bfloat16 on an
+# 3 held-out prompts x 2 rounds x 64 tokens; every selfspec drafter also at a fixed k = 3 (in bfloat16 on an
 # H200 "auto" hardly drafted where k = 3 ran 1.57x); the sweep (k = 0..6) and the useless-drafts check on 1 prompt;
 # without transformers' early exit (slow, and not ours). Each run writes its JSON and table after every phase, and stops
 # after --time-limit seconds, so a timeout still leaves the phases that finished. (89 s on this project's CPU without --fixed-k.)

@@ -7,8 +7,8 @@ run out: a copy of the cache every 64 tokens instead of every step. Everything e
 slices the view (rollback, as before: the next block overwrites the dropped columns), `get_seq_length` reads its
 length, and in-place writes to `keys` / `values` (a tree's accepted path, a batch's commit) land in the buffer.
 Attention reads the same values through a strided view and computes the same bits (tested against `DynamicLayer`).
-Measured on round 19's Intel Xeon (the reference model, a batch of 8 code prompts, 96 tokens, 5 rounds,
-`python examples/adhoc/r19_append_in_place_ab.py 8 5`): 1.13x the speed of `DynamicLayer` without drafts, 1.11x at
+Measured on an Intel Xeon with AVX-512 (the reference model, a batch of 8 code prompts, 96 tokens, 5 rounds,
+one thread): 1.13x the speed of `DynamicLayer` without drafts, 1.11x at
 one draft per row, 1.12x with "auto"; every row identical.
 
 Storage: the committed entries, the largest block verified since the last reallocation, and at most `SPARE_COLUMNS`

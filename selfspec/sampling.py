@@ -141,7 +141,7 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     return blocked_argmax(scores)
 
 
-# Elements per block of `blocked_argmax`: 128 was the fastest of 32 / 64 / 128 / 256 on round 25's Intel Xeon (one
+# Elements per block of `blocked_argmax`: 128 was the fastest of 32 / 64 / 128 / 256 on an Intel Xeon with AVX-512 (one
 # thread) over 1-24 rows of 8,192 and 49,152 logits, 64 within 10 % of it but at 11 rows of 49,152 (237 vs 146 us).
 ARGMAX_BLOCK = 128
 
@@ -150,7 +150,7 @@ def blocked_argmax(scores: torch.Tensor, block: int = ARGMAX_BLOCK) -> torch.Ten
     """[..., n] -> [...] what `scores.argmax(dim=-1)` gives (the first index of the maximum; a NaN counts as the
     maximum there, and here), in two passes a CPU vectorises: every block's maximum (`amax`), then the first block
     holding the row's maximum and the first index of it inside that block (argmax over n / block and block
-    elements). torch's CPU argmax reads ~2-3 ns an element on round 25's Intel Xeon, amax ~0.2: verifying a tree
+    elements). torch's CPU argmax reads ~2-3 ns an element on an Intel Xeon with AVX-512, amax ~0.2: verifying a tree
     of 10 on SmolLM2 (11 rows of 49,152 logits) took its argmax 1.2-1.5 ms, this 0.15 ms; 24 rows of the reference
     model's 8,192: 0.45 ms, 0.07 ms; one row of 49,152: 0.11 ms, 0.03 ms. A row length that is not a multiple of
     `block` is padded with -inf (never the first maximum: a -inf row's is its index 0)."""

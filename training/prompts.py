@@ -2,8 +2,8 @@
 
 Training prompts are every combination of a request template and a topic, in three sets: "topics" (explain,
 summarise, write about a subject), "everyday" (practical how-to and advice about everyday activities and objects,
-written in round 6 because the first set's heads drafted markedly worse on the benchmark's everyday questions than on
-held-out replies of their own set) and "questions" (round 35: requests phrased as people type them, on a third set of
+written because the first set's heads drafted markedly worse on the benchmark's everyday questions than on
+held-out replies of their own set) and "questions" (requests phrased as people type them, on a third set of
 topics, for more and more varied self-distillation data). Evaluation prompts are the benchmark's hand-written
 questions, whose topics appear in no training prompt and whose openings no template shares
 (`tests/training/test_prompts.py`). Knows nothing about models.

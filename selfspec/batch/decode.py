@@ -299,7 +299,7 @@ def _greedy_rows(logits: torch.Tensor, sizes: list[int]) -> list[list[int]]:
 def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[int]:
     """Each row's k this step: the batch's width, else its own policy's; never past its budget (a step emits at most
     k + 1), nor, under the batch's width, past what its drafter can propose (`max_draft_tokens`: Medusa's heads; the
-    planner priced a width of 5 for 4 heads, round 18). The padded forward costs the same whatever a row shorter
+    planner would otherwise price a width of 5 for 4 heads). The padded forward costs the same whatever a row shorter
     than the widest drafts, so every row drafts."""
     if planner is None:
         return [capped_choice(row.policy, row.stop.remaining - 1) for row in rows]

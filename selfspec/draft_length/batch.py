@@ -9,7 +9,7 @@ from the batch's own timings. Knows no model, cache, drafter or clock: the loop 
 from __future__ import annotations
 
 from selfspec.draft_length.policy import AdaptiveDraftLength, ProbeSchedule, StepOverhead
-from selfspec.draft_length.verify_cost import (  # noqa: F401  (straight: re-exported, it lived here before round 14)
+from selfspec.draft_length.verify_cost import (  # noqa: F401  (straight: re-exported for older imports)
     LearnedVerifyCost, VerifyCost, batch_cost_curve, clipped, straight,
 )
 
@@ -48,7 +48,7 @@ class BatchDraftLength:
 
     The model can still be wrong where a step's cost is not shaped as it assumes (a drafter's call that costs the same
     whatever it drafts; per-row work of a tiny model): on the reference model at batch 8 it chose w = 2 for a step
-    that emitted 1.3x the tokens for 1.5x the time (fixed w = 2 ran at 0.85x of w = 0, round 15). So every timed
+    that emitted 1.3x the tokens for 1.5x the time (fixed w = 2 ran at 0.85x of w = 0). So every timed
     step also counts, per (rows, width), the tokens it emitted and the seconds it took (decayed by `decay` whenever
     that shape is timed again), and a width gives way to the narrower one measured fastest at the same number of
     rows, if faster by more than `min_gain` (explorations measure w + 1, w - 1 and 0 in turn), and a width not yet
@@ -61,11 +61,11 @@ class BatchDraftLength:
     batches as the curve is (`SelfSpecModel.batch_step_overhead`). A fresh one per batch priced drafting at 0 per
     drafted token until its steps taught otherwise: on the reference model at batch 8 (a drafting step 1.44-1.52x a
     plain one, ~0.1 one-row decodes per drafted token beyond the forward) each 96-token call drafted w = 2-5 for its
-    first 30-40 steps (round 17, `examples/adhoc/r17_batch8_trace.py`).
+    first 30-40 steps.
 
     `rates`: where the measured rates are kept (`MeasuredRates`); the engine passes its wrapper's
     (`SelfSpecModel.batch_rates`), so a batch starts from what its wrapper's earlier batches measured: a fresh one
-    per batch re-measured them every call (round 19).
+    per batch would re-measure them every call.
 
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
@@ -102,7 +102,7 @@ class BatchDraftLength:
         once a step of as many rows at width 1 was timed in the last `forget_after` timed steps (`rates`: this
         wrapper's batches). Until then a probe is verified for real: it is how the cost curve learns what a wider
         forward costs, and how it corrects a price it holds from elsewhere. A total timed only by other shapes or by
-        other processes is not enough: a price held too high was otherwise never timed again (round 27: SmolLM2's
+        other processes is not enough: a price held too high was otherwise never timed again (SmolLM2's
         kept curve priced 15 + 1 tokens at 3.35 one-row decodes, from a batch of 16 rows; at 8 rows every probe was
         scored in shadow, so w = 1 was never timed there). Batches verify full forwards only (`full_forward` is for
         the policies' common signature)."""
@@ -148,14 +148,14 @@ class BatchDraftLength:
         """The width, or the narrower one whose steps at this number of rows were measured fastest, if faster by more
         than `min_gain`. A width not measured yet is tried only while the widest narrower one measured is also the
         fastest measured (within `min_gain`): once a width was measured slower than a narrower one, wider ones (more
-        tokens in the forward, more drafting) are not tried on the model's word (round 18, the reference model at
+        tokens in the forward, more drafting) are not tried on the model's word (the reference model at
         batch 16: after w = 4 measured slower than w = 0, the model still asked w = 5 and 6, and "auto" ran at 0.81x
         of k = 0)."""
         rates = [(rate, w) for w in range(width + 1) if (rate := self.measured_rate(num_rows, w)) is not None]
         if not rates:
             return width
         # rates[-1] is the widest measured (the width itself, when measured); a narrower one overrules it only when
-        # faster by more than `min_gain` (a tie is noise: since round 27's probes time each number of rows, equal
+        # faster by more than `min_gain` (a tie is noise: with probes timing each number of rows, equal
         # rates of w = 0 and 1 from useless drafts' probes went to w = 0 by a rounding error, when rows turned good)
         fastest = max(rates)
         return width if fastest[0] <= rates[-1][0] * (1.0 + self.min_gain) else fastest[1]
@@ -208,7 +208,7 @@ class MeasuredRates:
     (decayed by `decay` whenever that shape is timed again), a rate from a shape's second timed step on (one step's
     time is noise), forgotten `forget_after` timed steps (of any shape) after it last ran. The engine keeps one per
     wrapper (`SelfSpecModel.batch_rates`), shared by its batches as their cost curve and step overhead are, so a
-    batch starts from the rates earlier ones measured instead of paying for them again (round 19; in memory only)."""
+    batch starts from the rates earlier ones measured instead of paying for them again (in memory only)."""
 
     def __init__(self, decay: float = 0.9, forget_after: int = 64):
         self.decay, self.forget_after = decay, forget_after

@@ -64,7 +64,7 @@ class AdaptiveDraftLength:
     would never change: a step that drafts d > 0 tokens ages the evidence of positions d and beyond by `stale_decay`,
     so while a position goes unseen its estimate drifts back towards its prior (its neighbour's rate), the faster the
     fewer times it was seen, and the position is tried again. Without it, a tree whose second level was rejected on
-    its first few steps stayed one level deep for the rest of the generation (SmolLM2's EAGLE head, round 19: 48 of 53
+    its first few steps stayed one level deep for the rest of the generation (SmolLM2's EAGLE head: 48 of 53
     steps, 1.78 tokens per forward where the same prompt had given 2.40). At k=0 nothing is observed, so after
     `probe_every` steps at k=0 one draft token is tried anyway (a probe), so that a drafter that turns useful again is
     noticed. Each probe that is rejected doubles the wait before the next (up to `max_probe_every`); k > 0 chosen on
@@ -77,7 +77,7 @@ class AdaptiveDraftLength:
     priced at the decayed mean of what steps drafting k verified, a depth not drafted yet from the depths below it
     (`tokens_verified`). A tree that keeps only nodes above a probability floor verifies fewer than its budget
     (SmolLM2's trees of 16 with the 0.02 floor: ~8 of 16), and priced at its budget it was kept shallower than it
-    paid to be (round 21).
+    paid to be.
     `draft_cost`: what drafting one token is expected to cost, in one-token decodes (a drafter's `draft_cost`, e.g.
     early exit's share of the model's weights it runs); the learned per-token overhead is pulled towards it rather
     than towards 0, so a costly drafter is not tried at length before timings come in.
@@ -86,12 +86,12 @@ class AdaptiveDraftLength:
     a decayed decline rate d, not the acceptances: a step asking k is expected to give 1 + (1 - d) * (accepted
     drafts) tokens for (1 - d) * verify(k) + d * verify(0) + k * per-token cost (the drafter runs either way). Without
     it, heads that always declined (random Medusa heads when sampling) were asked at the prior's acceptance on every
-    step, each ask paying the heads' forward for no token (0.89x of speculation off on the reference model, round 6).
+    step, each ask paying the heads' forward for no token (0.89x of speculation off on the reference model).
 
     `min_gain`: k > 0 is chosen only when expected to be at least this fraction faster than k = 0. Where verifying one
     draft costs no more than decoding (SmolLM2 on one CPU thread: the learned curve had k = 1 at 1.00-1.03), any
     acceptance estimate above 0 made drafting look worth it, so a useless drafter was asked on ~50 of 128 steps while
-    its estimate decayed towards 0 (random drafts: 0.87x of speculation off, round 9); 2 % stops it after ~20.
+    its estimate decayed towards 0 (random drafts: 0.87x of speculation off); 2 % stops it after ~20.
 
     Defaults (decay 0.9, prior 0.5 worth 4 observations, a probe after 8 steps at k=0, k <= 8) were chosen by
     replaying the reference model's greedy drafts (examples/draft_length_replay.py: 12 held-out prompts x 128
@@ -222,7 +222,7 @@ class AdaptiveDraftLength:
         (the drafter and the verifier run once whatever k) and per token (learned from drafting steps). Fitted on
         every step as one line, the per-step cost a run of one-token drafts paid was charged to plain decoding too, so
         k = 1 looked cheap: random Medusa heads, greedy, on SmolLM2 at ~1.25 decodes a step were asked 6-9 times per
-        128-token call before their estimate fell below k = 1's (round 38). While nothing is drafted, the drafting
+        128-token call before their estimate fell below k = 1's. While nothing is drafted, the drafting
         steps' evidence ages (`stale_decay` per plain step) back to the priors (no cost beyond a plain step's but
         the drafter's stated per-token cost), so a cost learned once, or wrongly, is tried again, as the one line
         forgot it."""

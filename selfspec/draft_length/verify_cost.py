@@ -84,7 +84,7 @@ class LearnedVerifyCost:
     verifies the same number of tokens the shape stays the start's and only the scale is learned.
     Called like a `VerifyCost`; `snapshot()` freezes it, `save()` keeps it for the next process.
 
-    A CPU's cost is not smooth in k: measured on SmolLM2 (one thread, round 8) verifying 1 / 2 / 3 / 4 drafts cost
+    A CPU's cost is not smooth in k: measured on SmolLM2 (one thread) verifying 1 / 2 / 3 / 4 drafts cost
     1.10 / 1.18 / 1.64 / 1.73 decodes (the matrix kernel changes at 4 rows), which no rescaled smooth curve holds: the
     fit said 1.09 at k = 3, and "auto" drafting 3 ran at 0.76x of a fixed k = 2. So each k also keeps what its own
     forwards cost beyond the fit (a decayed mean, `residual_decay` per observation of that k, shrunk towards 0 with the
@@ -94,7 +94,7 @@ class LearnedVerifyCost:
 
     A k that is not timed for a while is priced more and more by the fit: each timing of another k ages the residual
     evidence of every other k by `stale_decay`. Without it a price that a slow spell had raised could stay raised for
-    good once "auto" stopped drafting that many tokens, as it was then never timed again (round 34: SmolLM2's tree
+    good once "auto" stopped drafting that many tokens, as it was then never timed again (once SmolLM2's tree
     curve on two threads, timed while another process ran on the second core, priced 8 nodes at 3.16 decodes where
     they cost ~1.3-1.6, and that run's default tree drafted ~3 nodes a step at 1.58 tokens per forward where a fixed
     tree of 10 gave 2.40; trees time such counts again by chance, a chain's k only when asked for).
@@ -115,7 +115,7 @@ class LearnedVerifyCost:
         self.residual_decay, self.residual_prior = residual_decay, residual_prior
         self.stale_decay = stale_decay  # per timing of another k, for each k's residual evidence (1: never ages)
         # [k] decayed sums of (observed - fit) in seconds, and of their count, k < size. Seconds, not units of the fit's
-        # intercept: the intercept can move far (a batch's line through totals 7 .. 23 put it near 0, round 14), and
+        # intercept: the intercept can move far (a batch's line through totals 7 .. 23 put it near 0), and
         # old residuals in its old units then read as many times what they were.
         self._residual = [0.0] * size
         self._residual_weight = [0.0] * size
@@ -170,7 +170,7 @@ class LearnedVerifyCost:
         """Recompute the curve at k < size after the fit or a residual changed (the policy reads it several times a
         step; it changes only here). A curve that is not kept non-decreasing (a batch's: 256 entries, of which a step
         reads about ten) is priced when read instead: recomputing it all cost ~0.4 ms a step (3 % of the reference
-        model's batch-8 step, round 14's profile)."""
+        model's batch-8 step in a profile)."""
         if not self.non_decreasing:
             self._raw_decode, self._relative = self._raw(0), None
             return
@@ -227,7 +227,7 @@ class LearnedVerifyCost:
         """Prices an earlier process measured (k > 0 -> cost relative to k = 0): each prices its k as it was kept,
         whatever the fit learns meanwhile, until this process times that k; its first timing replaces the kept price
         rather than averaging with it. A kept price may come from another load, other contexts or other batch shapes
-        (round 27: a batch curve kept 16 forward tokens at 3.35 one-row decodes, from an earlier batch of 16 rows;
+        (once a batch curve kept 16 forward tokens at 3.35 one-row decodes, from an earlier batch of 16 rows;
         8 rows of two measure ~1.6 now); averaged, one such price outlasts several timings."""
         self._held.update({k: price for k, price in prices.items() if 0 < k < self.size})
         self._refresh()
@@ -312,7 +312,7 @@ def batch_cost_curve(start: VerifyCost, path: Path | None = None) -> LearnedVeri
     A start that timed some totals (a kept batch curve) is split in two: the line through 1 at k = 0 that fits its
     timed totals best (weighted by how often each was timed) is what the fit rescales, and each timed total keeps its
     kept price (`LearnedVerifyCost.hold`) until this process times it, whose first timing replaces it. Taken whole as
-    the start, a kept curve's kinks were the fit's own shape: one total kept far too high (round 27: 16 forward
+    the start, a kept curve's kinks were the fit's own shape: one total kept far too high (once 16 forward
     tokens at 3.35 one-row decodes on SmolLM2, timed by an earlier batch of 16 rows; 8 rows of two measure ~1.6 and
     16 of one ~1.3-1.6 now) bent the fit everywhere else when it was timed again (32 tokens' price fell 37 % against 8's
     in tests/selfspec/draft_length/test_verify_cost.py, though neither had changed)."""
@@ -360,7 +360,7 @@ def cost_key(target, tree: bool = False, few_row_kernel: bool | str = False, bat
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
         "dtype": str(weight.dtype),
         "threads": torch.get_num_threads(),
-        "attention": attention_route(device),  # (round 19: masked blocks got cheaper on CPU; older curves are stale)
+        "attention": attention_route(device),  # (masked blocks are cheaper on CPU since grouped heads are read in place)
     }
     if tree:
         described["tree"] = True
@@ -380,7 +380,7 @@ def _read_curve(path: Path) -> VerifyCost | None:
         raw = json.loads(path.read_text())
         relative = tuple(float(c) for c in raw["relative"])
         decode_seconds = float(raw["decode_seconds"])
-        timed = tuple(int(n) for n in raw.get("timed", ()))  # (kept before round 11: none known)
+        timed = tuple(int(n) for n in raw.get("timed", ()))  # (curves kept without it: none known)
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # absent, unreadable or from another version: start over
     if len(relative) < 2 or relative[0] != 1.0 or any(c < 1.0 for c in relative):
@@ -416,13 +416,13 @@ def measure_verify_cost(target, max_draft_tokens: int = 8, context_length: int =
     ids = torch.arange(context_length + max_draft_tokens + 1, device=target.device) % target.vocab_size
     target.forward(ids[:context_length], cache)
     fastest = [float("inf")] * (max_draft_tokens + 1)
-    for round_ in range(repeats + 1):  # round 0 warms up
+    for repeat in range(repeats + 1):  # the first pass warms up
         for k in range(max_draft_tokens + 1):
             _sync(target.device)
             started = time.perf_counter()
             target.logits(target.forward(ids[context_length : context_length + k + 1], cache))
             _sync(target.device)
-            if round_:
+            if repeat:
                 fastest[k] = min(fastest[k], time.perf_counter() - started)
             cache.rollback(context_length)
     relative = _non_decreasing([max(1.0, f / fastest[0]) for f in fastest])

@@ -6,9 +6,9 @@
  * AVX-512's 32), over slices of K_SLICE columns so that the four weight slices and the rows' slices in use stay in
  * L1 (a row's partial sums wait in `partial` between slices).
  * While one block of weight rows is multiplied, the next block is prefetched a cache line at a time, spread over
- * all the block's passes so that memory streams while the arithmetic runs (round 15, the AMD EPYC, AVX2, SmolLM2's
+ * all the block's passes so that memory streams while the arithmetic runs (an AMD EPYC with AVX2, SmolLM2's
  * shapes: over 8 rows the product costs 0.9-1.2 one-row products, over 16 1.1-1.8, over 32 1.6-2.9, against
- * 1.8-2.9, 2.2-3.5, 2.7-5.3 for F.linear; round 18, an Intel Xeon with AVX-512, weights streamed from memory:
+ * 1.8-2.9, 2.2-3.5, 2.7-5.3 for F.linear; an Intel Xeon with AVX-512, weights streamed from memory:
  * AVX2 1.2-1.3 / 1.7-1.8 / 2.8-3.1, AVX-512 1.1-1.2 / 1.3-1.5 / 2.0-2.4, F.linear 1.8-3.4 / 2.1-3.1 / 2.5-3.4).
  * Every output element is the same sum in the same order whatever the number of rows (each lane of an accumulator
  * adds its products in k order, slice after slice, then the lanes are summed), so a row's result does not depend
@@ -18,10 +18,10 @@
  * exactly as they are loaded: half the bytes streamed, the same float32 arithmetic; for a drafter's layers, whose
  * products need not match the model's). One body serves both: `weight_bf16` is a constant at each entry point, so
  * the compiler builds two copies with no test left inside the loops.
- * One to four rows of float32 weights take a path of their own in the AVX-512 build (`short_rows`, round 32): plain
+ * One to four rows of float32 weights take a path of their own in the AVX-512 build (`short_rows`): plain
  * decoding's products, short chains' verify forwards, a drafter's float32 products. The general path repeats the
  * last row to fill PASS_ROWS and slices the columns, which so few rows do not need; streaming four weight rows at a
- * time over all their columns measured on round 32's AMD EPYC (AVX-512; SmolLM2's layers and LM head, weights
+ * time over all their columns measured on an AMD EPYC (AVX-512; SmolLM2's layers and LM head, weights
  * streamed from memory) 0.70-0.75x of the general path's time for one row (~15 ms against ~21 ms a pass, ~37 GB/s
  * against ~26) and 0.82-0.85x for two to four (16.6 / 16.8 / 18.0 ms against 20.2 / 20.4 / 21.2). Not taken by the
  * AVX2 build or for bfloat16 weights, where one row measured slower that way (AVX2) or was not measured over 2-4.
@@ -34,7 +34,7 @@
 #if defined(__AVX512F__)
 typedef __m512 vec;
 #define LANES 16
-#define PASS_ROWS 4        /* measured best of 3, 4 and 6 on round 18's Xeon */
+#define PASS_ROWS 4        /* measured best of 3, 4 and 6 on an Intel Xeon */
 #define ZERO() _mm512_setzero_ps()
 #define LOAD(p) _mm512_loadu_ps(p)
 #define LOAD8(p) _mm512_maskz_loadu_ps(0x00FF, p)  /* 8 columns, the other lanes 0 */
@@ -250,7 +250,7 @@ INLINE void weight_rows(const float *x, long rows, long k_dim, const void *w, lo
  * waking a thread takes, so a product of SmolLM2's key projection, 110k weights, takes at most three threads however
  * many cores there are). A product called inside a parallel region stays on the calling thread. Every output element is
  * computed by one thread with the same code, so the result is bitwise the same for any number of threads.
- * Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s. */
+ * An AMD EPYC with AVX-512 (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s. */
 #define WEIGHTS_PER_THREAD 32768
 
 INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_dim, const float *bias, float *y,

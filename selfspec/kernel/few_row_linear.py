@@ -1,29 +1,29 @@
 """Float32 linear layers over a few rows on x86 CPUs: a streaming kernel where BLAS's small-M GEMM is slow.
 
 Verifying k drafts runs the target over 1 + k rows. On a GPU that costs about one decode; on some CPUs BLAS does
-not: on rounds 10-13's AMD EPYC (AVX2, MKL 2024.2, one thread) F.linear over 2 rows cost 1.5-2.3x one row and was
+not: on an AMD EPYC with AVX2 (MKL 2024.2, one thread) F.linear over 2 rows cost 1.5-2.3x one row and was
 nearly flat after, so SmolLM2 verified 1 draft for 1.4-1.6 decodes and 2-7 drafts for ~2 and no draft length paid.
 A one-row product streams the weights once; so does this kernel for up to MAX_ROWS rows (each weight row is read
 from memory once and multiplied by every row of x, slice by slice in L1, while the next weights stream in): over
 2-8 rows it costs about one row's time, over 16 rows 1.1-1.8x, over 32 1.6-2.9x (F.linear: 1.8-2.9x, 2.2-3.5x,
-2.7-5.3x; rounds 13-14's kernel 1.2-1.5x over 8 rows, 1.7-2.3x over 16; round 15, a microbenchmark of SmolLM2's
-shapes as in `examples/adhoc/r13_few_row_kernel.py`; the kernel's own comment). It is C
+2.7-5.3x; a microbenchmark of SmolLM2's
+shapes; the kernel's own comment). It is C
 (selfspec/kernel/few_row_linear.c), compiled on first use with the system's C compiler into the cache directory,
-for AVX-512 where the CPU has it and AVX2 + FMA otherwise (round 18's Intel Xeon: the AVX-512 build 0.8-0.9x of the
+for AVX-512 where the CPU has it and AVX2 + FMA otherwise (an Intel Xeon: the AVX-512 build 0.8-0.9x of the
 AVX2 build's time over 4-32 rows), and loaded with ctypes; where there is no compiler, no AVX2 or FMA, or no x86
 CPU, everything runs through F.linear as before.
 
 Threads: the kernel splits each product's weight rows between torch's threads (`torch.set_num_threads`; OpenMP, the
 runtime torch's CPU build loaded, so no second pool of threads spins against torch's), four rows at a time, each
-output computed by one thread with the same code: bitwise the same result on any number of threads. Round 33's AMD
-EPYC (2 vCPUs, SmolLM2, greedy, paired with `generate` on as many threads, `examples/adhoc/r33_threads_ab.py`): on
+output computed by one thread with the same code: bitwise the same result on any number of threads. An AMD
+EPYC with AVX-512 (2 vCPUs, SmolLM2, greedy, paired with `generate` on as many threads): on
 two threads speculation off 2.22x of `generate` against 1.45x with one-threaded products, the EAGLE tree 3.11x
 against 2.19x; on one thread unchanged (1.77x, 2.48x). F.linear's one-row products were no faster on two threads.
 
 The engine routes the target's and the drafter's nn.Linear layers through it for the duration of each decode step
 (`FewRowLinears.routing`, per resumption of the decode loop, as attention_backends does for CUDA's attention): a
 layer's float32 CPU products over MIN_ROWS..MAX_ROWS rows are taken, and one-row products (plain decoding's
-steps) too where the kernel measures clearly faster for them on this CPU (`one_row_pays`, round 31: SmolLM2's
+steps) too where the kernel measures clearly faster for them on this CPU (`one_row_pays`: SmolLM2's
 one-token forward 0.71x of F.linear's time on an AMD EPYC with AVX-512, so there speculation off decodes ~1.4x as
 fast as `generate`); everything else runs exactly as without it. (A TorchFunctionMode does the same without
 touching the layers, but intercepting every op of a 30-layer forward cost SmolLM2 12 % of a decode.) Results agree
@@ -34,7 +34,7 @@ A drafter's layers may stream their weights in bfloat16 (`draft_dtype`, on by de
 drafter's products are memory-bound like the model's (a tree level reads the head's layer and the draft vocabulary's
 LM head rows for 1-4 rows), and its drafts need not match the model's arithmetic, only be what the verifier is told
 they are. The kernel widens each bfloat16 weight to float32 as it loads it (the same float32 arithmetic on weights
-rounded to bfloat16): half the bytes, round 23's AMD EPYC (AVX-512) 0.55-0.65x of the float32 kernel's time over 1-4
+rounded to bfloat16): half the bytes, on an AMD EPYC with AVX-512 0.55-0.65x of the float32 kernel's time over 1-4
 rows of SmolLM2's head shapes, 0.8x over 10. The drafter's own parameters stay float32; the engine keeps a bfloat16
 copy of each weight (made again if the weight changes). The model's layers are never routed this way.
 """
@@ -61,7 +61,7 @@ from selfspec.attention_backends import each_resumption
 from selfspec.cache_dir import cache_dir
 
 # One row stays on BLAS (plain decoding unchanged). 32: what this CPU's batches and trees use (batch 8 at w <= 3,
-# trees of up to 31 nodes), where the kernel was measured faster (round 15's AMD EPYC: still 0.6-0.8x of F.linear's
+# trees of up to 31 nodes), where the kernel was measured faster (an AMD EPYC with AVX2: still 0.6-0.8x of F.linear's
 # time over 32-48 rows, so the bound is conservative here); a CPU with a faster small-M GEMM may catch up sooner.
 MIN_ROWS, MAX_ROWS = 2, 32
 # Plain decoding's one-row products go through the kernel too where it measures at most this fraction of F.linear's
@@ -71,13 +71,13 @@ SOURCE = Path(__file__).parent / "few_row_linear.c"
 # -ffp-contract=off: the quantized paths compute a weight as a product, then a sum (d * q + m), each rounded as gguf's
 # dequantizer does; the float32 paths' fused multiply-adds are written out as intrinsics, so they stay fused.
 FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]
-# The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (round 18's Intel
+# The kernel's vector instructions, by what torch reports the CPU has: AVX-512 where it is there (an Intel
 # Xeon: 4-32 rows 0.8-0.9x of the AVX2 build's time, the same at 1-2 rows), else AVX2 + FMA.
 # F16C for the GGUF blocks' half-precision scales (every AVX2 CPU has it).
 ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-mavx2", "-mfma", "-mf16c"]}
 # Threads: the kernel splits each product's weight rows between torch's threads (torch.set_num_threads) through
 # OpenMP, which then is the process's own runtime, the one torch's CPU build loaded and runs its parallel loops in
-# (the same soname). Round 33's AMD EPYC (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s, while F.linear's
+# (the same soname). An AMD EPYC with AVX-512 (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s, while F.linear's
 # one-row products were no faster on two threads. Where the compiler has no OpenMP, the kernel builds without it.
 THREAD_FLAGS = ["-fopenmp"]
 SETTINGS = ("auto", "on", "off")
@@ -244,7 +244,7 @@ def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
     falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so it reads the parameters from the
-    module's dict (nn.Module's attribute lookup cost ~1.5 us each on round 17's CPU) and does not copy a contiguous
+    module's dict (nn.Module's attribute lookup cost ~1.5 us each on an AMD EPYC) and does not copy a contiguous
     input (the whole check and call ~20 us before, ~10-12 us now); a weight that is not a registered parameter
     (pruning replaces it by a plain attribute) goes through F.linear.
     bfloat16 (a drafter's layer, `kernel` the bfloat16-weight entry point): products over 1..MAX_ROWS rows (a
@@ -271,7 +271,7 @@ def one_row_pays(layers: list[torch.nn.Linear], kernel, repeats: int = 3, timer=
     the kernel than through F.linear on this CPU: the median over `repeats` interleaved passes through every layer
     with one row (after a warm-up pass each) through the kernel at most ONE_ROW_GAIN of F.linear's. The model's own
     weights, all of them, so they stream from memory as in a decode (a few layers' weights stay in the CPU's caches,
-    where round 31's AMD EPYC timed SmolLM2's decoder layers alike through both). Round 31's AMD EPYC (AVX-512, one
+    where an AMD EPYC timed SmolLM2's decoder layers alike through both). An AMD EPYC with AVX-512 (one
     thread): SmolLM2's decoder layers 0.64x of F.linear's time, its LM head 0.51x, its whole one-token forward 0.71x
     (`examples/adhoc/r31_one_row_kernel.py`); on earlier CPUs the kernel over 2 rows already cost 1.04-1.06 decodes,
     about what one row costs through F.linear. Costs 2 * (repeats + 1) passes (SmolLM2 there: ~0.2 s), which the

@@ -121,11 +121,11 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
 
 
 # "auto" tree size on an accelerator: the most nodes whose verify forward costs at most this many one-token decodes on
-# the prior curve (47 on an H200, where trees were measured: round 9, SmolLM2's EAGLE tree of 47 2.16x of generate,
+# the prior curve (47 on an H200, where trees were measured: SmolLM2's EAGLE tree of 47 2.16x of generate,
 # its chain 1.22x). A choice, not yet a measurement: a step that verifies N nodes must then accept about one more
 # token than a plain step to pay. The prior, not the learned curve, so that one device always drafts the same tree
 # shape. On a CPU without the few-row kernel (verification through F.linear: 1.5-2.4
-# decodes for 1-16 drafts, round 21) "auto" drafts chains: trees were not measured to pay there.
+# decodes for 1-16 drafts) "auto" drafts chains: trees were not measured to pay there.
 AUTO_TREE_VERIFY_COST = 2.0
 MAX_TREE_SIZE = 64
 # "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/kernel/few_row_linear.py), measured: round
@@ -134,15 +134,15 @@ MAX_TREE_SIZE = 64
 # (examples/adhoc/r15_tree_sweep.py 3 2 96): 10 the best tree in both modes; sampled, the chain was faster in that
 # sweep but not in the benchmark's table (tree of 10 1.56x, chain 1.49x). Wider trees verify fewer tokens per
 # forward there: "auto" prices a tree d levels deep at its most nodes, min(N, 4 + 16 (d - 1)), so with N >= 16 it
-# mostly drafts one level. Round 16 (cheaper tree drafting, same sweep): greedy 6 / 10 / 16 at 1.72x / 1.61x / 1.52x
+# mostly drafts one level. With cheaper tree drafting, the same sweep: greedy 6 / 10 / 16 at 1.72x / 1.61x / 1.52x
 # (chain 1.45x), sampled 1.43x / 1.46x / 1.38x (chain 1.50x): 6 and 10 within the noise of each other; 10 kept.
 AUTO_TREE_SIZE_FEW_ROW_KERNEL = 10
 # ... and "auto" there keeps only the nodes whose cumulative draft probability exceeds this (`DraftContext.
 # min_node_probability`): each node verified costs ~0.03 decodes there (the kernel's curve from 4 to 10 nodes), and
-# the EAGLE head's draft probabilities are about its acceptance rates at every depth (round 20,
-# examples/adhoc/r20_tree_calibration.py 4 128 10 6: accepted 1.1-1.3x p), so a node of probability p buys about p
-# tokens, worth p / 1.7 decodes at 1.7x. Measured (round 20, Intel Xeon, SmolLM2 EAGLE greedy, trees of 10,
-# examples/adhoc/r20_node_floor_ab.py, medians of 9-12 paired runs): floors 0 / 0.03 / 0.06 at 1.62x / 1.66x / 1.59x
+# the EAGLE head's draft probabilities are about its acceptance rates at every depth
+# (accepted 1.1-1.3x p), so a node of probability p buys about p
+# tokens, worth p / 1.7 decodes at 1.7x. Measured (Intel Xeon, SmolLM2 EAGLE greedy, trees of 10,
+# medians of 9-12 paired runs): floors 0 / 0.03 / 0.06 at 1.62x / 1.66x / 1.59x
 # of generate (9.1 / 7.4 / 4.5 nodes per step), then 0 / 0.02 / 0.03 at 1.65x / 1.72x / 1.68x (9.3 / 8.7 / 7.5 nodes;
 # tokens per forward 2.54 / 2.55 / 2.45); trees of 16 with floors 0 / 0.03: 1.50x / 1.63x.
 AUTO_MIN_NODE_PROBABILITY_FEW_ROW_KERNEL = 0.02
@@ -173,10 +173,9 @@ def choose_tree_size(tree_size, drafter, target: TargetModel, few_row_kernel: bo
     drafter whose trees were measured to pay (`auto_trees`: EAGLE), a model whose attention honours a custom 4D mask
     (`check_tree_support`); chains elsewhere (Medusa, n-gram, early exit, speculation off, a user's drafter that does
     not set `auto_trees`, a flash-attention model, a CPU without the few-row kernel). Medusa's heads guess each
-    position alone, and their trees measured within noise of their chains on SmolLM2 (round 22: 1.15x / 1.31x greedy
-    / sampled against 1.13x / 1.18x; round 21: 1.14x / 1.20x against 1.18x / 1.10x) while random Medusa heads as
-    trees lost more than as chains on the reference model (0.92x against 0.95x of speculation off, sampled,
-    `examples/adhoc/r22_ab_randheads_tree.py 8 reference`): an int `tree_size` still gives them trees."""
+    position alone, and their trees measured within noise of their chains on SmolLM2 (1.15x / 1.31x greedy
+    / sampled against 1.13x / 1.18x; in a second run 1.14x / 1.20x against 1.18x / 1.10x) while random Medusa heads as
+    trees lost more than as chains on the reference model (0.92x against 0.95x of speculation off, sampled): an int `tree_size` still gives them trees."""
     size = resolve_tree_size(tree_size, target.device, few_row_kernel)
     if tree_size != "auto":
         if size:

@@ -114,7 +114,7 @@ def test_summary_medians_ratios_identity_and_acceptance_on_scripted_runs():
         for p in range(2):
             entries.append(_entry(plain, GREEDY, round_, p, 10, 1.0, 10))
             entries.append(_entry(off, GREEDY, round_, p, 10, 0.8, 10))
-            # prompt 1 of round 2 gives different tokens: 5 of 6 greedy runs identical
+            # prompt 1 at round_ == 2 gives different tokens: 5 of 6 greedy runs identical
             ids = (9, 9, 9) if (round_, p) == (2, 1) else (1, 2, 3)
             # each run: 5 forwards, drafts at positions 0, 1, 2 proposed 4, 4, 2 times and accepted 4, 2, 0 times
             entries.append(_entry(fast, GREEDY, round_, p, 10, fast_seconds, 5, ids, (4, 4, 2), (4, 2, 0)))
@@ -161,7 +161,7 @@ def test_seeded_runs_are_counted_against_speculation_off_with_the_same_seed():
             entries += [_entry(plain, GREEDY, round_, p, 2, 1.0, 2, same), _entry(off, GREEDY, round_, p, 2, 1.0, 2, same),
                         _entry(fast, GREEDY, round_, p, 2, 0.5, 1, same),
                         _entry(off, SEEDED, round_, p, 2, 1.0, 2, same),
-                        # one seeded run of `fast` parts from speculation off's (round 1, prompt 0)
+                        # one seeded run of `fast` parts from speculation off's (round_ == 1, prompt 0)
                         _entry(fast, SEEDED, round_, p, 2, 0.8, 1, (7, 7) if (round_, p) == (1, 0) else same)]
     records = summarize(entries, [GENERATE, OFF, "fast"], BASELINES, 1000, IDENTICAL_TO)
     seeded = {r["method"]: r for r in records if r["mode"] == SEEDED.name}

@@ -365,7 +365,7 @@ def test_a_wrapper_drafting_auto_trees_decodes_batches_as_chains(monkeypatch):
 
 def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():
     """Under the batch's width each row is asked at most its drafter's `max_draft_tokens` (Medusa: one per head) and
-    its budget, and the planner prices those caps (round 18: it priced a width of 5 for 4 heads).
+    its budget, and the planner prices those caps (not a width of 5 for 4 heads).
     Catches (planted): caps from the budget only."""
     from types import SimpleNamespace
 

@@ -70,7 +70,7 @@ def test_the_width_grows_one_timed_step_at_a_time():
     w = 8 at once; instead the width goes 1, 2, 3, ..., each timed before the next is priced, so when the device's
     real cost (0.45 a token) shows, the width has not gone past where it pays. Catches (planted): no limit (w = 8
     at the first step); the limit from the chosen width instead of the timed one (steps that draft less than asked
-    would still grow it); (round 14) a shape's first forward, a warm-up, counted as timed (1, 2, 3, 4)."""
+    would still grow it); a shape's first forward, a warm-up, counted as timed (1, 2, 3, 4)."""
     cheap = VerifyCost(tuple(1 + 0.001 * k for k in range(9)), decode_seconds=0.01)
     rows = [row(0.9) for _ in range(8)]
     assert priced(cheap).choose(rows) == 8
@@ -91,8 +91,8 @@ def test_probes_one_draft_after_steps_at_zero_backing_off_while_rejected():
     the wait (16, 32, 64), accepted or not (unlike one sequence's: a batch's probe costs every row a token); a width
     chosen on the evidence resets it to 8; never a probe when no row may draft.
     Catches (planted): no probe; the first probe at the 9th step (counter compared with >); no back-off; an accepted
-    probe keeping the wait (round 7's rule: on the reference model at batch 8 such probes every 8 steps cost 11 %),
-    or resetting it; drafting on the evidence not resetting it; a probe when every cap is 0; (round 14) no
+    probe keeping the wait (on the reference model at batch 8 such probes every 8 steps cost 11 %),
+    or resetting it; drafting on the evidence not resetting it; a probe when every cap is 0; no
     `min_gain` (every step times the same here, so w = 1 ties w = 0, and the curve's noise chose w = 1 from step 24)."""
     planner = BatchDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64)
 
@@ -235,13 +235,13 @@ def test_measured_rates_need_two_steps_and_are_forgotten_when_stale():
 
 
 def test_a_price_held_too_high_is_timed_again_at_this_number_of_rows():
-    """Round 27: a kept batch curve prices 16, 24 and 32 forward tokens at 3.35 / 3.9 / 3.83 decodes (timed by
+    """A kept batch curve prices 16, 24 and 32 forward tokens at 3.35 / 3.9 / 3.83 decodes (timed by
     earlier batches of other rows, at costs this device no longer shows: it costs 1 + 0.06 per token beyond one), and
     rows accept 60 %, so at 8 rows w = 1 emits 12.8 tokens in 1.9 decodes against w = 0's 8 in 1.42. The batch
     drafts: a probe at 8 rows is verified for real until 8 rows at width 1 were timed here, and then scored in
     shadow; each timed total's first timing replaces its kept price.
     Catches (planted): probes scored in shadow once any forward of their total was timed, by any rows, here or in a
-    kept curve (round 26's rule: every probe in shadow, w = 0 to the end)."""
+    kept curve (every probe in shadow, w = 0 to the end)."""
     def device(total_tokens: int) -> float:
         return 0.01 * (1 + 0.06 * (total_tokens - 1))
 
@@ -399,7 +399,7 @@ def test_a_batch_starts_from_what_earlier_batches_timed(monkeypatch):
 def test_a_planner_prices_drafting_with_the_overhead_it_is_given_from_its_first_step():
     """Eight rows accepting 0.9 on a nearly flat curve draft the widest when drafting costs nothing beyond the
     forward; given an overhead learned at 0.3 one-row decodes per drafted token (a drafter and per-row verification
-    that cost what the reference model's do at batch 8 in round 17, 0.1, three times over), the same planner drafts
+    that cost what the reference model's do at batch 8, 0.1, three times over), the same planner drafts
     nothing from its first step.
     Catches (planted): the given overhead ignored (a fresh one per planner)."""
     overhead = StepOverhead(0.9)
@@ -430,7 +430,7 @@ def test_a_wrappers_batches_share_what_their_steps_cost_beyond_the_forward(monke
 
 def test_a_wrappers_batches_share_their_measured_rates(monkeypatch):
     """Each batch's planner measures into the wrapper's `batch_rates`, so the next batch starts from the rates earlier
-    ones measured (round 19: each call re-measured them, and "auto" trailed no drafts by 3-7 % on the reference
+    ones measured (when each call re-measured them, and "auto" trailed no drafts by 3-7 % on the reference
     model). Same tokens. Catches (planted): a fresh MeasuredRates per batch (the second planner's is not the
     first's)."""
     prompts = prompts_of_different_lengths()
@@ -502,7 +502,7 @@ def test_used_for_auto_with_or_without_a_seed(monkeypatch):
 def test_a_width_is_not_tried_past_one_measured_slower():
     """Once w = 2 was measured slower than w = 0 at these rows, a model that asks w = 3 (never measured) gets w = 0;
     while the widest measured width is the fastest, an unmeasured wider one is still tried (how drafting starts).
-    Measured on the reference model at batch 16 (round 18): after w = 4 measured slower than w = 0 the model asked
+    Measured on the reference model at batch 16: after w = 4 measured slower than w = 0 the model asked
     w = 5 and 6, and "auto" ran at 0.81x of k = 0. Catches (planted): the unmeasured width taken as asked."""
     planner = BatchDraftLength(CPU_LIKE)
     planner.seen_shapes |= {(4, 1), (4, 2), (4, 3)}  # (no warm-ups)

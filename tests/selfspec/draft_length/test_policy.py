@@ -60,7 +60,7 @@ class _ScriptedTarget:
 
 def test_measured_cost_curve_keeps_the_fastest_round_and_pools_violations(monkeypatch):
     """measure_verify_cost on scripted times (its clock is `time.perf_counter` inside verify_cost.py, replaced here):
-    a warm-up round 50x slower is ignored, a slow outlier in one round is beaten by the other rounds' minimum, and a
+    a warm-up pass 50x slower is ignored, a slow outlier in one pass is beaten by the other passes' minimum, and a
     dip (verifying 5 drafts faster than 4) is pooled with its neighbour, not raised to a running maximum.
     Catches (planted): the slowest round kept instead of the fastest; a running maximum instead of pooling."""
     import types
@@ -70,7 +70,7 @@ def test_measured_cost_curve_keeps_the_fastest_round_and_pools_violations(monkey
     clock = ScriptedClock()
     monkeypatch.setattr(selfspec.draft_length.verify_cost, "time", types.SimpleNamespace(perf_counter=clock))
     base = [0.010, 0.012, 0.014, 0.016, 0.019, 0.017, 0.022, 0.024, 0.026]  # seconds for k = 0 .. 8
-    extra = {(0, k): 0.5 for k in range(9)} | {(2, 3): 0.050}  # warm-up round; one slow forward in round 2
+    extra = {(0, k): 0.5 for k in range(9)} | {(2, 3): 0.050}  # warm-up pass; one slow forward in pass 2
     target = _ScriptedTarget(TargetModel(tiny_model("llama")), clock, base, extra)
     cost = measure_verify_cost(target, max_draft_tokens=8, context_length=16, repeats=3)
     assert cost.decode_seconds == pytest.approx(0.010)
@@ -190,7 +190,7 @@ def test_a_drafting_steps_fixed_cost_is_not_charged_to_plain_decoding():
     two kinds of steps apart, so after its first asks k = 1 is priced at what it cost, and the drafter is asked at
     most 4 times in the first 32 steps (probes scored in shadow aside; 3 here; later, once plain steps have aged the
     cost learned, it is asked again now and then: once more here, at step 74). Fitted as one line through every
-    step (before round 38), the ask's fixed cost was read as per step, charged to k = 0 too, and k = 1 kept looking
+    step, the ask's fixed cost was read as per step, charged to k = 0 too, and k = 1 kept looking
     cheap: 9 asks in the first 32 steps (random Medusa heads, greedy, on SmolLM2: 6-9 asks a call). Catches
     (planted): that one line."""
     curve = VerifyCost(tuple(1 + 0.1 * k for k in range(9)), decode_seconds=0.01)

@@ -50,7 +50,7 @@ def test_one_stalled_forward_is_learned_as_at_most_a_few_times_its_prediction():
 
 
 def test_a_cost_cliff_is_learned_and_kept():
-    """SmolLM2 on one CPU thread (round 8): verifying 1 / 2 / 3 / 4 drafts costs 1.10 / 1.18 / 1.64 / 1.73 decodes,
+    """SmolLM2 on one CPU thread: verifying 1 / 2 / 3 / 4 drafts costs 1.10 / 1.18 / 1.64 / 1.73 decodes,
     a jump at k = 3 that no rescaled smooth curve holds (the fit alone put k = 3 at 1.09 and "auto" drafted 3 where 2
     was 1.3x faster). Each k's own residual brings the curve to the measured costs; saved and reloaded, the next
     process starts from that shape. Catches (planted): no per-k residual (k = 3 within 10 % of k = 2)."""
@@ -67,7 +67,7 @@ def test_a_cost_cliff_is_learned_and_kept():
 
 
 def test_a_price_raised_by_noise_comes_back_when_its_k_goes_untimed():
-    """Round 34: timed while another process ran, SmolLM2's tree curve priced 8 nodes at 3.16 decodes (they cost
+    """Timed while another process ran, SmolLM2's tree curve priced 8 nodes at 3.16 decodes (they cost
     ~1.3-1.6); a chain's "auto" that then never drafts that many never times it again. A k that goes untimed is priced
     more and more by the fit (`stale_decay`): raised by three slow timings, k = 8 comes back within 10 % of its cost
     in 200 timings of k <= 4. Catches (planted): no ageing (stale_decay=1, still > 1.5x)."""
@@ -107,7 +107,7 @@ def test_the_next_process_prices_each_timed_k_as_kept_and_the_rest_by_their_line
 
 def test_a_tree_curve_prices_every_node_count_up_to_its_budget():
     """A tree of 12 nodes verifies up to 12 tokens: each count keeps its own price, where a curve of k <= 8
-    extrapolated 9-12 from its last two prices (round 34: 8 at 3.16 after 7 at 1.79 put 10 nodes at 5.9 decodes)."""
+    extrapolated 9-12 from its last two prices (8 at 3.16 after 7 at 1.79 put 10 nodes at 5.9 decodes)."""
     from heads.medusa import MedusaHeads
 
     model = tiny_model("llama", seed=1)
@@ -118,7 +118,7 @@ def test_a_tree_curve_prices_every_node_count_up_to_its_budget():
 
 def test_a_batch_curve_keeps_each_total_it_timed():
     """A batch's curve is indexed by its padded forward's tokens - 1, far past k = 8: with the few-row kernel a CPU's
-    cost is nearly flat up to 16 rows and jumps after (round 13: batch 8 at width 2, 24 rows, left the kernel). The
+    cost is nearly flat up to 16 rows and jumps after (batch 8 at width 2, 24 rows, left the kernel). The
     totals a batch timed (7, 15, 23) keep their own costs, saved and reloaded with how often each was timed.
     Catches (planted): residuals kept only for k <= 8 (the jump read as a line through the totals); the batch's
     curve kept non-decreasing (15 priced at the line's 14, 1.5); residuals kept in units of the fit's intercept (it
@@ -139,11 +139,11 @@ def test_a_batch_curve_keeps_each_total_it_timed():
 
 
 def test_a_kept_batch_price_holds_until_timed_here_and_the_timing_replaces_it():
-    """Round 27: a kept batch curve whose total 15 was timed at 3.35 decodes by an earlier batch (16 rows, at a cost
+    """A kept batch curve whose total 15 was timed at 3.35 decodes by an earlier batch (16 rows, at a cost
     this device no longer shows) beside totals 7 and 31 on a line of 0.06 a token. The next process prices 15 as
     kept until it times 15; its first timing (1.9 where 7 costs 1.42) replaces the kept price rather than averaging
     with it, and does not move the price of 31, which it did not time.
-    Catches (planted): the kept curve taken whole as the start (round 26: after the timing 31 priced at 1.26x of 7,
+    Catches (planted): the kept curve taken whole as the start (after the timing 31 priced at 1.26x of 7,
     not 2.01x: the kink at 15 bent the fit); the kept price kept after a timing here (15 at 2.36x of 7)."""
     relative = [1 + 0.06 * k for k in range(verify_cost.BATCH_CURVE_SIZE)]
     relative[15] = 3.35
@@ -212,8 +212,8 @@ def test_the_key_names_dtype_and_threads():
 
 
 def test_the_key_names_the_kernels_version(monkeypatch):
-    """A curve learned with one version of the few-row kernel is not read with another (round 15's kernel verifies 8
-    drafts for about a decode where round 14's took ~1.3)."""
+    """A curve learned with one version of the few-row kernel is not read with another (a faster kernel verifies 8
+    drafts for about a decode where a slower one took ~1.3)."""
     import selfspec.kernel.few_row_linear as frl
 
     target = TargetModel(tiny_model("llama"))
@@ -280,7 +280,7 @@ def test_a_broken_cache_file_falls_back_to_the_prior(content):
 
 
 def test_the_key_names_the_attention_path(monkeypatch):
-    """A curve learned before the engine read grouped key/value heads in place (round 19: masked blocks cheaper on
+    """A curve learned before the engine read grouped key/value heads in place (masked blocks cheaper on
     CPU) is not read after it."""
     import selfspec.draft_length.verify_cost as vc
 

@@ -70,7 +70,7 @@ def test_the_auto_policy_starts_from_the_drafters_cost(seed):
 
 @pytest.mark.parametrize("seed", [None, 0])
 def test_the_auto_policy_plans_no_more_drafts_than_the_drafter_proposes(seed):
-    """Medusa proposes at most one token per head: "auto" plans k up to its heads, not 8 (round 18 noticed it priced
+    """Medusa proposes at most one token per head: "auto" plans k up to its heads, not 8 (it once priced
     k up to 8 for 4 heads, and a batch's width had been capped by them already). Drafters without a cap keep 8.
     Catches (planted): the engine not passing the cap (8)."""
     model = tiny_model("llama", seed=2, num_layers=2)
