@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# selfspec on a GPU, in about 5 minutes (at most 7.5): (1) the cost of verifying k tokens against decoding one,
-# k = 1..64, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model
-# in bfloat16, chains and trees of 47 nodes (the defaults, and --chains, --tree-size 47), then (3) in float32. Results (8 files) go to $OUT (default ./gpu-check):
-#   gpu_check.log  verify_cost.json  bench-bfloat16.{json,md,png}  bench-float32.{json,md,png}
+# selfspec on a GPU in about 5 minutes (at most 7.5): (1) the cost of verifying k tokens against decoding one,
+# k = 1..63, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model in
+# bfloat16, chains and trees of 47 nodes, then (3) in float32. Everything goes to $OUT (default ./gpu-check):
+#   gpu_check.log  verify_cost.json  bench-bfloat16/  bench-float32/
 #
 #   bash examples/gpu_check.sh                  # from anywhere; OUT=/some/dir bash examples/gpu_check.sh
 #
-# Uses the machine's own torch (CUDA) and transformers; installs nothing from a registry. selfspec is run from this
-# checkout (PYTHONPATH), not installed. If that machine's transformers is older than the one selfspec is tested with
-# (5.24; e.g. an image with 5.17), carry the wheel: on a machine with a registry, from the repository root,
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl transformers==5.24.0
+# Uses the machine's own torch (CUDA) and transformers and installs nothing from a registry; selfspec runs from this
+# checkout (PYTHONPATH). If that machine's transformers is older than 5.0, carry a wheel: on a machine with a
+# registry, from the repository root,
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl transformers==5.25.0
 # and every wheel in .whl/ is put first on the path here (the wheels' own dependencies must already be there).
-# The benchmark's "same tokens as generate" column is the exactness check under whatever versions ran.
+# The benchmark's "identical" column is the exactness check under whatever versions ran.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-check}
@@ -27,22 +27,40 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         && export PYTHONPATH="/tmp/selfspec-site:$PYTHONPATH"
 fi
 nvidia-smi -L || true
-python3 - <<'EOF' || { echo "gpu_check: no CUDA device visible to torch; nothing to measure"; exit 1; }
+python3 - <<'PY' || { echo "gpu_check: no CUDA device visible to torch; nothing to measure"; exit 1; }
 import platform, torch, transformers
 print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {torch.version.cuda}), "
       f"transformers {transformers.__version__}")
 assert torch.cuda.is_available()
 print(torch.cuda.get_device_name())
-EOF
+PY
 
 stamp "1/3 verify cost, 1B-class random Llama, bfloat16"
-timeout 80 python3 examples/verify_cost.py --device cuda --dtype bfloat16 --json "$OUT/verify_cost.json" \
-    || echo "gpu_check: verify cost failed or timed out (exit $?)"
+timeout 80 python3 - "$OUT/verify_cost.json" <<'PY' || echo "gpu_check: verify cost failed or timed out (exit $?)"
+# selfspec's own measurement (what the benchmark uses): each size's fastest of 7 forwards after a 512-token cache.
+import json, sys
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from selfspec.draft_length.verify_cost import measure_verify_cost
+from selfspec.target import TargetModel
 
-# 3 held-out prompts x 2 rounds x 64 tokens; every selfspec drafter also at a fixed k = 3 (in bfloat16 on an
-# H200 "auto" hardly drafted where k = 3 ran 1.57x); the sweep (k = 0..6) and the useless-drafts check on 1 prompt;
-# without transformers' early exit (slow, and not ours). Each run writes its JSON and table after every phase, and stops
-# after --time-limit seconds, so a timeout still leaves the phases that finished. (89 s on this project's CPU without --fixed-k.)
+config = LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                     num_key_value_heads=8, vocab_size=128256, max_position_embeddings=4096, tie_word_embeddings=True)
+with torch.device("cuda"):
+    model = LlamaForCausalLM(config).to(torch.bfloat16).eval()  # Llama 3.2 1B's shape; weights do not change the cost
+cost = measure_verify_cost(TargetModel(model), max_draft_tokens=63, context_length=512)
+print(f"one-token decode {cost.decode_seconds * 1e3:.2f} ms")
+print("| tokens in the forward | x one-token decode |\n|---|---|")
+for k in (1, 2, 4, 8, 16, 32, 48, 64):
+    print(f"| {k} | {cost.relative[k - 1]:.2f} |")
+json.dump({"device": torch.cuda.get_device_name(), "decode_seconds": cost.decode_seconds,
+           "relative": cost.relative}, open(sys.argv[1], "w"), indent=2)
+PY
+
+# 3 held-out prompts x 2 repeats x 64 tokens; every selfspec drafter also at a fixed k = 3 (beside "auto"); the sweep
+# (k = 0..6) and the useless-drafts check on 1 prompt; without transformers' early exit (slow, and not selfspec's).
+# Each run writes its JSON and table after every phase and stops after --time-limit seconds, so a timeout still
+# leaves the phases that finished.
 for dtype in bfloat16 float32; do
     stamp "$([ $dtype = bfloat16 ] && echo 2/3 || echo 3/3) benchmark, reference model, $dtype"
     timeout 180 python3 -m selfspec.bench --device cuda --dtype $dtype --chains --tree-size 47 --num-prompts 3 --repeats 2 \

@@ -1,6 +1,6 @@
 """How the engine's forwards run attention: what `transformers`' sdpa attention computes, through cheaper paths.
 
-CUDA: every one of PyTorch's attention kernels but cuDNN's. Measured on an H200 (SmolLM2, bfloat16, `examples/gpu/`):
+CUDA: every one of PyTorch's attention kernels but cuDNN's. Measured on an H200 (SmolLM2, bfloat16):
 with cuDNN's scaled-dot-product attention allowed, a forward over several tokens with a mask cost 1.5-3.7 one-token
 decodes where it costs 1.2-1.4 without it (EAGLE at a fixed k = 3: 0.72x of `generate` with it, 1.67x without), as if
 a plan were built for every new (query length, cache length) pair: a decode step's cache is one step longer each time.

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from selfspec.draft_length.verify_cost import (  # noqa: F401  (re-exported for older imports and examples/draft_length_replay.py)
+from selfspec.draft_length.verify_cost import (  # noqa: F401  (re-exported for older imports)
     VerifyCost, _non_decreasing, clipped, measure_verify_cost,
 )
 
@@ -94,7 +94,7 @@ class AdaptiveDraftLength:
     its estimate decayed towards 0 (random drafts: 0.87x of speculation off); 2 % stops it after ~20.
 
     Defaults (decay 0.9, prior 0.5 worth 4 observations, a probe after 8 steps at k=0, k <= 8) were chosen by
-    replaying the reference model's greedy drafts (examples/draft_length_replay.py: 12 held-out prompts x 128
+    replaying the reference model's greedy drafts through the policy (12 held-out prompts x 128
     tokens, n-gram and early exit at layers 1, 2, 3, this CPU's cost ratios). Against the best fixed k of each case
     (which a user cannot know in advance) they reach 0.98x for n-gram and 1.04x for early exit (they turn drafting
     off where early exit does not pay); the best single fixed k (4) reaches 0.92x overall. A prior worth 1 gives up

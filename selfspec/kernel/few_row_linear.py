@@ -272,8 +272,8 @@ def one_row_pays(layers: list[torch.nn.Linear], kernel, repeats: int = 3, timer=
     with one row (after a warm-up pass each) through the kernel at most ONE_ROW_GAIN of F.linear's. The model's own
     weights, all of them, so they stream from memory as in a decode (a few layers' weights stay in the CPU's caches,
     where an AMD EPYC timed SmolLM2's decoder layers alike through both). An AMD EPYC with AVX-512 (one
-    thread): SmolLM2's decoder layers 0.64x of F.linear's time, its LM head 0.51x, its whole one-token forward 0.71x
-    (`examples/adhoc/r31_one_row_kernel.py`); on earlier CPUs the kernel over 2 rows already cost 1.04-1.06 decodes,
+    thread): SmolLM2's decoder layers 0.64x of F.linear's time, its LM head 0.51x, its whole one-token forward 0.71x;
+    on other CPUs the kernel over 2 rows already cost 1.04-1.06 decodes,
     about what one row costs through F.linear. Costs 2 * (repeats + 1) passes (SmolLM2 there: ~0.2 s), which the
     engine pays once per machine and model (`verify_cost.kept_one_row`)."""
     layers = [layer for layer in layers if _dense_parameters(layer.weight, layer.bias)]

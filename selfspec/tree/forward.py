@@ -54,7 +54,7 @@ _PROBE_PARENTS = [-1, -1, 0, 0, 2, 1]
 _PROBE_PROMPT = 3
 # Largest difference allowed between a node's tree-forward state and a plain forward's, relative to the largest
 # entry: loose enough for kernels that sum in another order, far tighter than what an ignored mask changes. Measured
-# with examples/gpu/tree_probe.py: SmolLM2 in bfloat16 on an H200 differs by up to 0.018 (1e-2 refused its trees),
+# by probing trees against plain forwards: SmolLM2 in bfloat16 on an H200 differs by up to 0.018 (1e-2 refused its trees),
 # and by 0.09-2.1 per node were the mask ignored (0.06-0.24 for the 6.8M reference model in float32); float32 by 0.
 PROBE_TOLERANCE, PROBE_TOLERANCE_16BIT = 1e-4, 5e-2
 # model -> what its probe passed with (attention implementation, sliding window, decoder, dtype, device); a model
@@ -128,10 +128,10 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
 # decodes for 1-16 drafts) "auto" drafts chains: trees were not measured to pay there.
 AUTO_TREE_VERIFY_COST = 2.0
 MAX_TREE_SIZE = 64
-# "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/kernel/few_row_linear.py), measured: round
-# 15, SmolLM2 with its EAGLE head on the AMD EPYC, greedy, trees of 6 / 10 / 16 / 24 nodes at 1.49x / 1.66x / 1.53x /
+# "auto" on a CPU whose few-row products run through selfspec's kernel (selfspec/kernel/few_row_linear.py), measured:
+# SmolLM2 with its EAGLE head on the AMD EPYC, greedy, trees of 6 / 10 / 16 / 24 nodes at 1.49x / 1.66x / 1.53x /
 # 1.55x of generate (the chain 1.54x), sampled 1.32x / 1.48x / 1.33x / 1.20x (the chain 1.62x)
-# (examples/adhoc/r15_tree_sweep.py 3 2 96): 10 the best tree in both modes; sampled, the chain was faster in that
+# (3 prompts x 2 repeats, 96 tokens): 10 the best tree in both modes; sampled, the chain was faster in that
 # sweep but not in the benchmark's table (tree of 10 1.56x, chain 1.49x). Wider trees verify fewer tokens per
 # forward there: "auto" prices a tree d levels deep at its most nodes, min(N, 4 + 16 (d - 1)), so with N >= 16 it
 # mostly drafts one level. With cheaper tree drafting, the same sweep: greedy 6 / 10 / 16 at 1.72x / 1.61x / 1.52x
