@@ -6,7 +6,14 @@ instead of after loading torch and transformers.
 from __future__ import annotations
 
 import importlib
+from importlib import metadata
 from typing import TYPE_CHECKING
+
+_VERSION = "0.2.0"  # pyproject.toml's version, for a source tree used without installing it
+try:
+    __version__ = metadata.version("selfspec")  # the installed distribution's (an editable install included)
+except metadata.PackageNotFoundError:
+    __version__ = _VERSION
 
 _EXPORTS = {
     "DecodeOptions": "selfspec.engine",

@@ -117,6 +117,12 @@ def _key_value(text: str) -> tuple[str, object]:
     return key, {"true": True, "false": False}.get(raw.lower(), raw)
 
 
+def _version() -> str:
+    from selfspec import __version__  # selfspec/__init__.py imports neither torch nor transformers
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="selfspec",
@@ -124,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(Medusa heads, early exit or n-gram lookup) and an exact verifier keeps its output unchanged.",
         epilog="Run `selfspec COMMAND --help` for a command's flags.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     _add_generate(commands)
     for name, (module, summary) in FORWARDED.items():
