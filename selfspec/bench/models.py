@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from selfspec.bench.settings import BenchSettings, optional
+from selfspec.kernel.quantized import quantized_weights
 from selfspec.loading import load_model, load_tokenizer, resolve_model_path
 
 # What creates each default directory (examples/reference/README.md has the full commands and their figures).
@@ -31,6 +32,12 @@ class Loaded:
     trained_exit_layer: int | None  # from the model's training log; None: not trained for early exit
     eos_token_id: int | list[int] | None
     eagle3_dir: str | None = None  # an EAGLE-3 head directory: SelfSpecModel loads it (heads=DIR)
+    dequantized: object | None = None  # transformers' own float32 model where `model` keeps quantized blocks
+
+    @property
+    def transformers_model(self):
+        """What transformers' rows (generate, assisted generation) run: the model as transformers loads it."""
+        return self.dequantized if self.dequantized is not None else self.model
 
     @property
     def pad_token_id(self) -> int | None:
@@ -70,7 +77,14 @@ def check_paths(settings: BenchSettings) -> None:
 def load(settings: BenchSettings, notes: list[str]) -> Loaded:
     device = torch.device(settings.device)
     dtype = getattr(torch, settings.dtype)
-    model = load_model(settings.model, dtype=dtype, device=device)
+    model = load_model(settings.model, dtype=dtype, device=device, quantized=settings.quantized)
+    dequantized = None
+    if quantized_weights(model):
+        # transformers' generate runs the file as transformers loads it (float32), not through selfspec's kernel
+        dequantized = load_model(settings.model, dtype=dtype, device=device, quantized="dequantize")
+        notes.append("selfspec's rows decode the GGUF file's blocks kept quantized (--quantized "
+                     f"{settings.quantized}: {len(quantized_weights(model))} weights); generate runs transformers' "
+                     "dequantized float32 model of the same file")
     tokenizer = load_tokenizer(settings.model)
     if tokenizer is None:
         raise SystemExit(f"selfspec.bench: {settings.model} has no tokenizer; the benchmark prompts with text")
@@ -94,7 +108,7 @@ def load(settings: BenchSettings, notes: list[str]) -> Loaded:
         notes.append(f"eagle3 skipped: no EAGLE-3 head at {eagle3} (no config.json)")
         eagle3 = None
     return Loaded(model, tokenizer, heads, settings.heads, load_eagle(settings.eagle, model, notes), draft,
-                  exit_layer, untrained, trained, eos, eagle3)
+                  exit_layer, untrained, trained, eos, eagle3, dequantized)
 
 
 def load_eagle(directory: str | None, model, notes: list[str]):

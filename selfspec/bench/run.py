@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
                      "token, so any speculative method's greedy tokens (transformers' too) can part from plain "
                      "generate's at near-ties")
     loaded = load(settings, notes)
-    report["base_parameters"] = base = parameters(loaded.model)[0]
+    report["base_parameters"] = base = parameters(loaded.transformers_model)[0]
     kind, texts = prompt_texts(loaded.tokenizer, settings.num_prompts)
     report["prompt_kind"], report["prompts"] = kind, [label(t) for t in texts]
     max_positions = getattr(loaded.model.config.get_text_config(decoder=True), "max_position_embeddings", None)
@@ -133,18 +133,19 @@ def main_methods(settings: BenchSettings, loaded: Loaded, notes: list[str]) -> t
     drafter (--fixed-k), and --chains, --kernel-off and --tree-size variants of the head drafters."""
     model, eos, pad, n = loaded.model, loaded.eos_token_id, loaded.pad_token_id, settings.max_new_tokens
     layer, lookup = loaded.exit_layer, settings.prompt_lookup_tokens
-    methods = [transformers_method(GENERATE, model, n, eos, pad)]
+    plain = loaded.transformers_model  # transformers' rows run the model as transformers loads it
+    methods = [transformers_method(GENERATE, plain, n, eos, pad)]
     if settings.transformers_assisted:
         methods += [
-            transformers_method(f"transformers prompt lookup k={lookup}", model, n, eos, pad, "prompt_lookup", lookup,
+            transformers_method(f"transformers prompt lookup k={lookup}", plain, n, eos, pad, "prompt_lookup", lookup,
                                 prompt_lookup_num_tokens=lookup),
-            transformers_method(f"transformers early exit L={layer}", model, n, eos, pad, "early_exit",
+            transformers_method(f"transformers early exit L={layer}", plain, n, eos, pad, "early_exit",
                                 assistant_early_exit=layer),
         ]
         notes.append("transformers' early exit and draft model run with generate's defaults for assisted generation; "
                      f"prompt lookup with prompt_lookup_num_tokens={lookup} and its default max_matching_ngram_size")
     if loaded.draft is not None:
-        methods.append(transformers_method("transformers draft model", model, n, eos, pad, "draft_model",
+        methods.append(transformers_method("transformers draft model", plain, n, eos, pad, "draft_model",
                                            extra=loaded.draft, assistant_model=loaded.draft))
     specs, extras = {"none": SelfSpecModel(model, drafter="none", tokenizer=loaded.tokenizer)}, {}
     specs["ngram"] = SelfSpecModel(model, drafter="ngram")
@@ -253,7 +254,8 @@ def sweep(settings: BenchSettings, loaded: Loaded, specs: dict, baselines: list[
     ]
     entries, stopped = run_schedule(methods, prompts[: settings.sweep_prompts], (GREEDY,), settings.repeats,
                                     settings.seed, "sweep", deadline)
-    records = summarize(entries, [m.name for m in methods], {"speedup": GENERATE}, parameters(loaded.model)[0])
+    records = summarize(entries, [m.name for m in methods], {"speedup": GENERATE},
+                        parameters(loaded.transformers_model)[0])
     return [r for r in records if r["method"] != GENERATE], stopped
 
 
@@ -269,7 +271,7 @@ def useless_drafts(settings: BenchSettings, loaded: Loaded, prompts, deadline, n
     # with EOS they stop at different lengths, and a short run's tokens/s carries more of its prefill (on the
     # reference model, a run cut to 10 of 96 tokens measured ~15 % slower for that alone).
     off = SelfSpecModel(loaded.model, drafter="none", tokenizer=loaded.tokenizer)
-    baselines = [transformers_method(GENERATE, loaded.model, n, None, loaded.pad_token_id),
+    baselines = [transformers_method(GENERATE, loaded.transformers_model, n, None, loaded.pad_token_id),
                  selfspec_method(OFF, lambda: off, n, [], "none")]
     cases = useless_cases(loaded, n, settings.seed, notes, eos_token_id=[])
     case_of = {case.method.name: case for case in cases}
@@ -283,7 +285,7 @@ def useless_drafts(settings: BenchSettings, loaded: Loaded, prompts, deadline, n
     entries, stopped = run_schedule(methods, case_prompts, modes, settings.repeats, settings.seed, "useless drafts",
                                     deadline, modes_of={case.method.name: case.modes for case in cases})
     summary = summarize(entries, [m.name for m in methods], {"speedup": GENERATE, "vs_speculation_off": OFF},
-                        parameters(loaded.model)[0])
+                        parameters(loaded.transformers_model)[0])
     records = [{"case": case_of[r["method"]].name, **r} for r in summary if r["method"] in case_of]
     order = [case.name for case in cases]
     return sorted(records, key=lambda r: order.index(r["case"])), stopped  # (stable: each case's modes in order)

@@ -45,11 +45,13 @@ class BenchSettings:
     threads: int = 1
     device: str = "cpu"
     dtype: str = "float32"
+    quantized: str = "auto"
     seed: int = 0
     out: str | None = None
 
 
 QUICK = dict(max_new_tokens=32, num_prompts=2, repeats=1)
+QUANTIZED = ("auto", "keep", "dequantize")  # selfspec.loading.load_model's quantized=
 OUT = "bench-results"  # under the working directory (git-ignored): never inside the installed package
 
 HELP = {
@@ -110,6 +112,10 @@ HELP = {
                "other processes)",
     "device": "cpu or cuda (cpu: where the README's figures come from, and where the few-row kernel runs)",
     "dtype": "model dtype: float32 (this project's CPUs have no fast bf16), bfloat16 or float16",
+    "quantized": "a .gguf model's weights for selfspec's rows, as SelfSpecModel.from_pretrained(quantized=) takes it: "
+                 "auto (the library's default: Q8_0 / Q4_0 / Q4_1 blocks kept quantized where the CPU kernel runs), "
+                 "keep, or dequantize (float32, as transformers loads the file); generate always runs transformers' "
+                 "own dequantized model",
     "seed": "seeds method order, sampling and random drafts",
     "out": f"directory for results.md, results.json and speedup.png (and sweep.png); default: {OUT}/<model name>/ "
            "in the working directory (git-ignored in the repository)",
@@ -145,6 +151,8 @@ def parse_args(argv=None) -> BenchSettings:
         tree_size(settings)
     except ValueError as err:
         parser.error(str(err))
+    if settings.quantized not in QUANTIZED:
+        parser.error(f"--quantized must be one of {', '.join(QUANTIZED)}, got {settings.quantized!r}")
     return replace(settings, heads=default_heads(settings), eagle=shipped(settings, "eagle"),
                    eagle3=shipped(settings, "eagle3"), out=settings.out or str(default_out(settings.model)))
 

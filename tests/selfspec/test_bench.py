@@ -731,3 +731,39 @@ def test_keyed_mode_draws_a_fresh_seed_per_call_the_same_for_every_method_on_a_r
     assert None not in seen and seen[0] == seen[1] != seen[2] and 123 not in seen
     short = method.run(prompt, KEYED, 5, max_new_tokens=2)  # the warm-up's short runs
     assert short.new_tokens == 2
+
+
+def test_generate_runs_transformers_own_model_of_a_quantized_gguf_file(needs_kernel, tmp_path, monkeypatch):
+    """selfspec's rows decode the file's kept blocks (--quantized auto), generate the dequantized float32 model:
+    "x over generate" compares with transformers as a user gets it. Planted bug caught: main_methods handing
+    loaded.model to generate ran it through selfspec's kernel."""
+    from selfspec.bench import models as bench_models
+    from selfspec.bench import run as bench_run
+    from selfspec.kernel.quantized import quantized_weights
+    from tests.selfspec.exercised import scrambled_model
+    from tests.selfspec.kernel.test_quantized import write_gguf
+
+    model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=320)  # tiny_tokenizer has 300 tokens
+    model.config.tie_word_embeddings = True
+    path = tmp_path / "tiny.Q8_0.gguf"
+    write_gguf(model, path, "Q8_0")
+    monkeypatch.setattr(bench_models, "load_tokenizer", lambda _: tiny_tokenizer())
+    flags = ["--model", str(path), "--heads", "none", "--eagle", "none", "--eagle3", "none"]
+    notes = []
+    loaded = bench_models.load(parse_args(flags), notes)
+    assert quantized_weights(loaded.model) and not quantized_weights(loaded.transformers_model)
+    assert any("kept quantized" in note for note in notes)
+    given = {}
+    original = bench_run.transformers_method
+
+    def recorded(name, model, *args, **kwargs):
+        given[name] = model
+        return original(name, model, *args, **kwargs)
+
+    monkeypatch.setattr(bench_run, "transformers_method", recorded)
+    bench_run.main_methods(parse_args(flags), loaded, [])
+    assert given[bench_run.GENERATE] is loaded.transformers_model
+    plain = bench_models.load(parse_args(flags + ["--quantized", "dequantize"]), [])
+    assert not quantized_weights(plain.model) and plain.transformers_model is plain.model
+    with pytest.raises(SystemExit):
+        parse_args(["--quantized", "bogus"])
