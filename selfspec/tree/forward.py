@@ -16,6 +16,7 @@ from selfspec.attention_backends import additive_mask
 from selfspec.cache import KVCache
 from selfspec.cache_layer import FULL_ATTENTION_LAYERS
 from selfspec.draft_length.verify_cost import prior_verify_cost
+from selfspec.kernel.quantized import quantized_weights
 from selfspec.target import TargetModel
 from selfspec.tree.draft_tree import DraftTree
 
@@ -186,6 +187,8 @@ def choose_tree_size(tree_size, drafter, target: TargetModel, few_row_kernel: bo
     if not getattr(drafter, "auto_trees", False):
         return 0, (f"{type(drafter).__name__} drafts chains unless given a tree size (auto_trees is not set: its trees "
                    "were not measured to pay)")
+    if quantized_weights(target.model):
+        return 0, QUANTIZED_CHAINS
     try:
         check_tree_support(target)
     except NotImplementedError as err:
@@ -194,6 +197,14 @@ def choose_tree_size(tree_size, drafter, target: TargetModel, few_row_kernel: bo
         return 0, (f"a tree forward of {type(target.model).__name__} failed ({type(err).__name__}: {err}); "
                    "tree_size=N would raise it")
     return size, None
+
+
+# With a GGUF file's blocks kept quantized, a decode reads a sixth of the bytes and a tree's extra rows cost
+# relatively more: on SmolLM2 Q4_1 with the shipped EAGLE head (python -m selfspec.bench --model smollm2, one thread,
+# AVX2 CPU) trees of 10 gave 1.21x / 1.09x / 1.09x of speculation off (greedy / sampled / seeded) at a verify cost of
+# 1.95 decodes for 10 nodes, chains 1.39x / 1.20x / 1.17x.
+QUANTIZED_CHAINS = ("the model's weights are kept as quantized GGUF blocks, where trees were measured slower than "
+                    "chains (each verified node costs relatively more); tree_size=N still drafts trees")
 
 
 def resolve_min_node_probability(tree_size, device, few_row_kernel: bool = False) -> float:

@@ -191,3 +191,17 @@ def test_keep_refuses_what_it_cannot_keep(needs_kernel, gguf_file, tmp_path):
         load_model(tmp_path, quantized="keep")
     with pytest.raises(ValueError, match="expected one of"):
         load_model(gguf_file, quantized="yes")
+
+
+def test_auto_drafts_chains_over_kept_blocks_and_trees_when_asked(needs_kernel, gguf_file):
+    """tree_size="auto" over quantized blocks: chains, saying why (trees measured slower there); an explicit size still
+    drafts trees, and the dequantized model keeps "auto" trees. Planted bug caught: without the quantized check the
+    kept model drafted trees of 10."""
+    from heads.eagle import EagleHead
+    from selfspec.tree.forward import QUANTIZED_CHAINS
+
+    kept, dequantized = load_model(gguf_file), load_model(gguf_file, quantized="dequantize")
+    spec = SelfSpecModel(kept, heads=EagleHead.for_model(kept).eval())
+    assert spec.tree_size == 0 and spec.chain_reason == QUANTIZED_CHAINS
+    assert SelfSpecModel(kept, heads=EagleHead.for_model(kept).eval(), tree_size=4).tree_size == 4
+    assert SelfSpecModel(dequantized, heads=EagleHead.for_model(dequantized).eval()).tree_size > 0
