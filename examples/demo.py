@@ -105,7 +105,6 @@ def main(argv=None) -> None:
     import transformers
 
     from selfspec import SelfSpecModel
-    from selfspec.kernel.quantized import quantized_weights
 
     transformers.logging.set_verbosity_error()
     model, plain_model, tokenizer, spec, drafts_with = load(args)
@@ -149,7 +148,7 @@ def main(argv=None) -> None:
     stats = out.stats
     median = {name: statistics.median(times) for name, times in seconds.items()}
     ratios = [p / s for p, s in zip(seconds["generate"], seconds["spec"])]
-    weights = "the GGUF file's quantized blocks" if quantized_weights(model) else "the same weights"
+    weights = "the GGUF file's quantized blocks" if plain_model is not model else "the same weights"
     acceptance = " ".join(f"{a:.2f} ({n})" for a, n in zip(stats.acceptance_by_position, stats.drafted_by_position))
     threads = f"{torch.get_num_threads()} torch thread{'s' if torch.get_num_threads() > 1 else ''}"
     print(f"plain model.generate      : {len(plain_ids) / median['generate']:6.1f} tokens/s  (transformers, median of "

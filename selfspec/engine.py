@@ -90,7 +90,8 @@ class SelfSpecModel:
     tree_size: verify a tree of up to this many draft tokens per step instead of a chain. "auto" (default): a tree
     where trees were measured to pay and can be verified, chains elsewhere (`tree_forward.choose_tree_size`; why is in
     `chain_reason`): on a CPU with the few-row kernel trees of 10 nodes (chains where the weights are kept as quantized
-    GGUF blocks: trees measured slower there), each of cumulative draft probability above 0.02 (`min_node_probability`; each verified node costs ~0.03 decodes there), on an accelerator the node budget of
+    GGUF blocks: trees measured slower there), each of cumulative draft probability above 0.02
+    (`min_node_probability`; each verified node costs ~0.03 decodes there), on an accelerator the node budget of
     its prior verify cost (47 on an H200: the N most probable nodes), for the EAGLE drafter; chains on a CPU without the
     kernel, for drafters whose trees were not measured to pay (Medusa, n-gram, early exit, a user's drafter without
     `auto_trees = True`) and for models whose attention ignores a custom 4D mask or whose tree probe fails. An int N: trees of N nodes for the Medusa and EAGLE drafters (others keep

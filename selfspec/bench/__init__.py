@@ -6,7 +6,8 @@
     python -m selfspec.bench --model smollm2 --llama-cpp  # plus a llama.cpp row on the same GGUF file
 
 Rows: plain `model.generate` (the baseline), selfspec with speculation off and with every drafter at its defaults
-(ngram, early exit, and the shipped heads: Medusa, EAGLE as a tree and as a chain, EAGLE-3 when shipped); flags add
+(ngram, early exit, and the shipped heads: Medusa, EAGLE at its default and as a chain where that default is a
+tree, EAGLE-3 when shipped); flags add
 transformers' assisted generation, llama.cpp, fixed num_draft_tokens and tree/chain/kernel variants. Modes: greedy,
 sampling at 0.7 with top-p 0.9 without a seed, and the same with selfspec's seed= (tokens compared with speculation
 off's under the same seed). Methods run in a fresh random order per round, prompt and mode; medians over rounds;

@@ -78,13 +78,12 @@ def load(settings: BenchSettings, notes: list[str]) -> Loaded:
     device = torch.device(settings.device)
     dtype = getattr(torch, settings.dtype)
     model = load_model(settings.model, dtype=dtype, device=device, quantized=settings.quantized)
-    dequantized = None
-    if quantized_weights(model):
+    dequantized, kept = None, quantized_weights(model)
+    if kept:
         # transformers' generate runs the file as transformers loads it (float32), not through selfspec's kernel
         dequantized = load_model(settings.model, dtype=dtype, device=device, quantized="dequantize")
-        notes.append("selfspec's rows decode the GGUF file's blocks kept quantized (--quantized "
-                     f"{settings.quantized}: {len(quantized_weights(model))} weights); generate runs transformers' "
-                     "dequantized float32 model of the same file")
+        notes.append(f"selfspec's rows decode the GGUF file's blocks kept quantized (--quantized {settings.quantized}: "
+                     f"{len(kept)} weights); generate runs transformers' dequantized float32 model of the same file")
     tokenizer = load_tokenizer(settings.model)
     if tokenizer is None:
         raise SystemExit(f"selfspec.bench: {settings.model} has no tokenizer; the benchmark prompts with text")

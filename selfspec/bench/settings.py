@@ -10,6 +10,8 @@ import argparse
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from selfspec.loading import QUANTIZED  # load_model's quantized= choices
+
 REPOSITORY = Path(__file__).resolve().parents[2]
 EXAMPLES = REPOSITORY / "examples"
 REFERENCE = EXAMPLES / "reference"
@@ -51,7 +53,6 @@ class BenchSettings:
 
 
 QUICK = dict(max_new_tokens=32, num_prompts=2, repeats=1)
-QUANTIZED = ("auto", "keep", "dequantize")  # selfspec.loading.load_model's quantized=
 OUT = "bench-results"  # under the working directory (git-ignored): never inside the installed package
 
 HELP = {

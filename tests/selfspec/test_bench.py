@@ -743,7 +743,8 @@ def test_generate_runs_transformers_own_model_of_a_quantized_gguf_file(needs_ker
     from tests.selfspec.exercised import scrambled_model
     from tests.selfspec.kernel.test_quantized import write_gguf
 
-    model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=320)  # tiny_tokenizer has 300 tokens
+    # vocab_size covers tiny_tokenizer's 300 tokens
+    model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=320)
     model.config.tie_word_embeddings = True
     path = tmp_path / "tiny.Q8_0.gguf"
     write_gguf(model, path, "Q8_0")
