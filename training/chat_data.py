@@ -5,6 +5,7 @@ hidden states it computed while answering are kept, so training never runs the b
 
     python -m training.chat_data --model smollm2 --out runs/smollm2-data3 --feature-layers auto   # EAGLE-3 data
     python -m training.chat_data --model smollm2 --out runs/d4 --feature-layers auto --draft-head examples/smollm2/eagle
+    python -m training.chat_data --model smollm2 --out runs/d5 --prompt-set self --draft-head examples/smollm2/eagle
 
 A data directory holds shards `shard_00000.pt` ... each a list of records {"ids": [T] int32 (prompt + reply),
 "hidden": [T - 1, H] float16 final post-norm hidden states at positions 0 .. T-2 (position t predicts t+1; with
@@ -17,6 +18,7 @@ the hidden states each step computes anyway. Knows nothing about heads or losses
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -27,8 +29,10 @@ from tqdm import tqdm
 
 from training import prompts as prompt_sets
 from training.flags import parse_settings
+from training.self_prompts import write_user_turns
 
 META_NAME = "meta.json"
+SELF_WRITTEN = "self"  # --prompt-set self: the base writes the user turns (training/self_prompts.py)
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ class ChatDataSettings:
     threads: int = 0  # 0: every core; 1 when other processes share the CPU (spinning OpenMP threads stall each other)
     seed: int = 0
     first_prompt: int = 0  # skip this many prompts of the shuffled order (to extend a dataset with new prompts)
-    prompt_set: str = "topics"  # training/prompts.py: "topics", "everyday" or "questions"
+    prompt_set: str = "topics"  # training/prompts.py: "topics", "everyday" or "questions"; "self": the base writes them
     feature_layers: tuple[str, ...] = ()  # "auto" or hidden_states indices recorded beside the final state (EAGLE-3)
     draft_head: str = ""  # an EAGLE head directory: selfspec's batched generate writes the replies, drafting with it
 
@@ -63,7 +67,8 @@ _HELP = {
                   "batched generate does, drafting with that head (greedy replies are exactly the base's; sampled ones "
                   "follow its law), then one forward over prompt + reply records the features",
     "prompt_set": "topics: training/prompts.py's set of prompts (topics; everyday: practical how-to and advice; "
-                  "questions: requests as people type them)",
+                  "questions: requests as people type them); self: user turns the base writes itself, sampled from its "
+                  "chat template's opening of a user turn (training/self_prompts.py), new ones for every batch",
 }
 
 
@@ -178,7 +183,9 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
         target.set_feature_layers(resolve_feature_layers(settings.feature_layers, target.num_layers))
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    prompts = prompt_sets.train_prompts(settings.seed, settings.prompt_set)[settings.first_prompt :]
+    self_written = settings.prompt_set == SELF_WRITTEN
+    prompts = [] if self_written else prompt_sets.train_prompts(settings.seed, settings.prompt_set)[settings.first_prompt :]
+    seen: set[str] = set()
     spec = None
     if settings.draft_head:
         from selfspec import SelfSpecModel
@@ -190,10 +197,17 @@ def generate_records(settings: ChatDataSettings, model, progress: bool = True) -
             "tokens": 0, "reply_tokens": 0, "seconds": 0.0, "feature_layers": list(target.feature_layers)}
     records = []
     bar = tqdm(total=int(settings.time_budget), desc="self-generating replies", unit="s", disable=not progress)
-    for number, first in enumerate(range(0, len(prompts), settings.batch_size)):
+    for number in itertools.count():
         if time.perf_counter() - started > settings.time_budget * 0.92:  # a batch takes ~1 min: stop while it fits
             break
-        batch = [chat_prompt_ids(tokenizer, p) for p in prompts[first : first + settings.batch_size]]
+        if self_written:  # ~1/4 of the written turns are dropped (unclosed, repeated, held out): write a third more
+            texts = write_user_turns(model, tokenizer, settings.batch_size * 4 // 3, settings.seed * 1_000_003 + number,
+                                     seen)[: settings.batch_size]
+        else:
+            texts = prompts[number * settings.batch_size : (number + 1) * settings.batch_size]
+        if not texts:
+            break
+        batch = [chat_prompt_ids(tokenizer, p) for p in texts]
         greedy = settings.sampled_every <= 0 or number % settings.sampled_every != settings.sampled_every - 1
         if spec is not None:
             batch_records, stats = answer_batch_drafted(spec, batch, settings.max_new_tokens, greedy,

@@ -169,3 +169,20 @@ def train_prompts(seed: int = 0, prompt_set: str = "topics") -> list[str]:
 
 def eval_prompts() -> list[str]:
     return list(EVAL_PROMPTS)
+
+
+# What the held-out questions are about, as lowercase stems: a prompt written by the model itself
+# (training/self_prompts.py) that contains one is not trained on.
+EVAL_TOPIC_STEMS = (
+    "piano", "submarine", "new job", "refrigerator", "fridge", "virus", "bacteri", "pancake", "leaves", "autumn",
+    "handwriting", "butterfl", "caterpillar", "team leader", "airplane", "aeroplane", "aircraft", "limerick",
+    "grocer", "compiler", "glacier", "camping",
+)
+
+
+def is_held_out(prompt: str) -> bool:
+    """Whether a prompt touches a held-out question: one of its topics, or its opening (three words or more)."""
+    lowered = " ".join(prompt.lower().split())
+    if any(stem in lowered for stem in EVAL_TOPIC_STEMS):
+        return True
+    return any(lowered.startswith(" ".join(q.lower().split()[:3])) for q in EVAL_PROMPTS)

@@ -45,3 +45,20 @@ def test_the_order_is_a_fixed_shuffle():
 def test_an_unknown_set_is_refused():
     with pytest.raises(ValueError, match="everyday"):
         prompts.train_prompts(prompt_set="news")
+
+
+def test_every_held_out_question_is_caught_by_its_topic_and_by_its_opening():
+    for question in prompts.eval_prompts():
+        assert prompts.is_held_out(question)
+        # its topic: a stem of EVAL_TOPIC_STEMS, whatever the phrasing around it
+        topics = [stem for stem in prompts.EVAL_TOPIC_STEMS if stem in question.lower()]
+        assert topics and prompts.is_held_out("Tell me about " + topics[0] + " please"), question
+        # its opening alone, the rest replaced
+        assert prompts.is_held_out(" ".join(question.split()[:3]) + " something unrelated entirely"), question
+
+
+def test_prompts_on_other_topics_pass():
+    for prompt in ("Can you give me some information on the different types of fungi?",
+                   "I'm planning a community garden. Can you suggest a plan?",
+                   "Which protagonist works best in a creative writing story?"):
+        assert not prompts.is_held_out(prompt), prompt
