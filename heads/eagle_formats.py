@@ -68,8 +68,8 @@ def load_eagle1(cls, directory, raw_config: dict, model=None, check_base: bool =
     architectures = raw_config.get("architectures") or ()
     if any(key.startswith("midlayer.") for key in state) or any("Eagle3" in name for name in architectures):
         raise NotImplementedError(
-            f"{directory!r} is an EAGLE-3 head (it fuses three layers' pre-norm features); selfspec loads EAGLE-1/2 "
-            "heads"
+            f"{directory!r} is an EAGLE-3 head in SafeAILab's layout; selfspec reads EAGLE-3 heads in the speculators "
+            "format: convert it with the speculators package (`speculators convert`), then load the result"
         )
     if raw_config.get("qkv_bias"):
         raise NotImplementedError(
@@ -102,6 +102,9 @@ def save_vllm(head, directory, model=None) -> None:
     `fc.weight` and `layers.{i}.*`. vLLM shares the target's embedding and LM head; with the base `model`, its
     embedding is written too (as `embed_tokens.weight`), which SafeAILab/EAGLE's strict loader also needs."""
     config = head.config
+    if config.layout == "eagle3":
+        raise ValueError("this EAGLE head has the 'eagle3' layout, which vLLM serves from the speculators format: "
+                         "save it with format='speculators'")
     if config.layout != "eagle1":
         raise ValueError(
             "this EAGLE head has the 'selfspec' layout: its input norms (feature_norm, embedding_norm), its first "
@@ -143,16 +146,20 @@ def save_vllm(head, directory, model=None) -> None:
         "dtype": str(dtype).removeprefix("torch."),
         BASE_KEY: asdict(config.base),
     })
-    # transformers 5 writes RoPE settings as `rope_parameters`; readers on transformers 4 know only these two keys and
-    # would silently fall back to a theta of 10000
-    rope = dict(vllm_config.get("rope_parameters") or {})
-    if "rope_theta" in rope:
-        vllm_config["rope_theta"] = rope.pop("rope_theta")
-        vllm_config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
+    add_legacy_rope_keys(vllm_config)
     os.makedirs(directory, exist_ok=True)
     with open(os.path.join(directory, CONFIG_NAME), "w") as f:
         json.dump(vllm_config, f, indent=2)
     save_file(state, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
+
+
+def add_legacy_rope_keys(config: dict) -> None:
+    """transformers 5 writes RoPE settings as `rope_parameters`; readers on transformers 4 (vLLM's among them) know
+    only `rope_theta` and `rope_scaling` and would silently fall back to a theta of 10000: add those two."""
+    rope = dict(config.get("rope_parameters") or {})
+    if "rope_theta" in rope:
+        config["rope_theta"] = rope.pop("rope_theta")
+        config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
 
 
 def check_fits(base: BaseIdentity, model, directory) -> None:

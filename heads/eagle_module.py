@@ -3,7 +3,7 @@ features. Input at position t: a feature of position t and the embedding of toke
 position t+1, which the base's LM head (optionally restricted to a draft vocabulary) turns into a guess for token t+2,
 and which is fed back as the next input's feature.
 
-Two layouts of the same idea (`EagleConfig.layout`):
+Three layouts of the same idea (`EagleConfig.layout`):
 
     "selfspec" (ours, the default):
         fused = W [rmsnorm(h_t); rmsnorm(embed(x_{t+1}))]        (2H -> H)
@@ -11,6 +11,12 @@ Two layouts of the same idea (`EagleConfig.layout`):
     "eagle1" (published EAGLE-1/2 heads and vLLM's EAGLE-1 drafter, see `heads/eagle_formats.py`):
         fused = W [embed(x_{t+1}); h_t] (+ b)                    (embedding first, neither normed)
         f_{t+1} = decoder_layer(fused)                           (layer 0 without its input norm, no output norm)
+    "eagle3" (EAGLE-3 as the `speculators` package defines it and vLLM serves it, see `heads/eagle_speculators.py`):
+        g_t = fc([hidden_states[l]_t for l in feature_layers])   (n H -> H, no bias, no norms; not the final state)
+        x = cat(input_layernorm(embed(x_{t+1})), hidden_norm(h))  (2 H: layer 0's q/k/v read both)
+        s_{t+1} = layer 0 with that attention input and residual h (then post-attention norm and MLP as usual)
+        logits = lm_head(norm(s_{t+1}))                          (the head's OWN LM head over its draft vocabulary)
+    where h is g_t for a real position and the head's own previous s (pre-norm, H wide, no fc) for a drafted one.
 
 The feature h_t is the base's final (post-norm) hidden state, or, with `EagleConfig.feature_layers` (EAGLE-3's
 multi-layer features, "selfspec" layout), a fusion of several of the base's layers: the base hands the head
@@ -18,9 +24,11 @@ multi-layer features, "selfspec" layout), a fusion of several of the base's laye
 RMS-normed, and `feature_fc` ((1 + n) H -> H) makes h_t of them. The head's own predicted features (H wide) are fed
 back as they are, so `forward` takes either width: real rows are fused, predicted ones are not.
 
-Both layouts send f_{t+1} straight to the base's LM head. The layer is the base family's own class (found through
-`transformers`, never copied); the embedding and LM head are the base's, passed in at call time, so the head adds
-about 3 % of SmolLM2's parameters. Knows the module and its own checkpoint format; other formats on disk live in
+"selfspec" and "eagle1" send f_{t+1} straight to the base's LM head; "eagle3" carries its own (`draft_logits` is the
+one place that knows which). The layer is the base family's own class (found through `transformers`, never copied;
+"eagle3" widens layer 0's q/k/v projections to 2 H and adds its `hidden_norm`, and `_eagle3_first_layer` feeds the
+layer's own submodules); the embedding is the base's, passed in at call time, so a "selfspec" head adds about 3 % of
+SmolLM2's parameters. Knows the module and its own checkpoint format; other formats on disk live in
 `heads/eagle_formats.py` and `heads/eagle_speculators.py`, which import this module; `heads/eagle.py` is the public
 class that reads and writes all of them. The drafter (`selfspec/drafters/eagle.py`) runs it with its own KV cache.
 """
@@ -38,7 +46,7 @@ from torch import nn
 from heads.checkpoint import BaseIdentity, attach, load_weights, read_config, save_checkpoint
 
 FORMAT_NAME = "selfspec-eagle"
-LAYOUTS = ("selfspec", "eagle1")
+LAYOUTS = ("selfspec", "eagle1", "eagle3")
 
 
 def is_eagle_config(raw: dict) -> bool:
@@ -54,10 +62,13 @@ class EagleConfig:
     base_config: dict
     num_layers: int = 1
     draft_vocab_size: int = 0  # 0: the full vocabulary; N > 0: a `draft_vocab` buffer of N ids is stored
-    layout: str = "selfspec"  # "selfspec" (input and output norms) or "eagle1" (published EAGLE-1/2, vLLM): see above
+    layout: str = "selfspec"  # "selfspec" (input and output norms), "eagle1" (published EAGLE-1/2, vLLM), "eagle3"
     fuse_bias: bool = False  # the fusion has a bias: only published EAGLE-1 heads trained with one (vLLM has none)
-    # The base's hidden_states indices fused with its final state (EAGLE-3); () reads the final state only
+    # The base's hidden_states indices fused with its final state (EAGLE-3); () reads the final state only. The
+    # "eagle3" layout fuses these layers only (the final state the target hands over too is not read).
     feature_layers: tuple[int, ...] = ()
+    # "eagle3" only: layer 0's residual is hidden_norm(h) instead of h (the speculators format's flag of that name)
+    norm_before_residual: bool = False
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -65,8 +76,12 @@ class EagleConfig:
         if self.fuse_bias and self.layout != "eagle1":
             raise ValueError("only the 'eagle1' layout has a fusion bias")
         object.__setattr__(self, "feature_layers", tuple(int(l) for l in self.feature_layers))  # a JSON list too
-        if self.feature_layers and self.layout != "selfspec":
-            raise ValueError("feature_layers (multi-layer features) need the 'selfspec' layout")
+        if self.feature_layers and self.layout == "eagle1":
+            raise ValueError("feature_layers (multi-layer features) need the 'selfspec' or 'eagle3' layout")
+        if self.layout == "eagle3" and not self.feature_layers:
+            raise ValueError("the 'eagle3' layout fuses the base's feature layers: give feature_layers (e.g. 'auto')")
+        if self.norm_before_residual and self.layout != "eagle3":
+            raise ValueError("norm_before_residual is a flag of the 'eagle3' layout")
         if any(l < 0 for l in self.feature_layers) or len(set(self.feature_layers)) != len(self.feature_layers):
             raise ValueError(f"feature_layers must be distinct hidden_states indices >= 0, got {self.feature_layers}")
 
@@ -139,19 +154,26 @@ class EagleModule(nn.Module):
         self.layer_config = layer_config(config.base_config, config.num_layers)
         layer_class, rotary_class = layer_classes(self.layer_config, model)
         eps = getattr(self.layer_config, "rms_norm_eps", None) or getattr(self.layer_config, "layer_norm_epsilon", 1e-6)
-        published = config.layout == "eagle1"
-        # Identity norms hold no weights, so each layout's state dict names exactly what it has.
-        self.feature_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
-        self.embedding_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
-        self.fuse = nn.Linear(2 * hidden, hidden, bias=config.fuse_bias)
-        if config.feature_layers:  # EAGLE-3: the final state and the named layers' states -> one feature
-            slots = 1 + len(config.feature_layers)
-            self.slot_norms = nn.ModuleList(nn.RMSNorm(hidden, eps=eps) for _ in range(slots))
-            self.feature_fc = nn.Linear(slots * hidden, hidden, bias=False)
         self.layers = nn.ModuleList(layer_class(self.layer_config, layer_idx=i) for i in range(config.num_layers))
-        if published:
-            _drop_input_norm(self.layers[0])
-        self.norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
+        if config.layout == "eagle3":
+            # the named layers' states -> h (no norms, no bias); layer 0 reads [embedding; h]; its own LM head
+            self.feature_fc = nn.Linear(len(config.feature_layers) * hidden, hidden, bias=False)
+            _widen_first_layer(self.layers[0])
+            self.norm = _norm_like(self.layers[0])
+            self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.base.vocab_size, bias=False)
+        else:
+            published = config.layout == "eagle1"
+            # Identity norms hold no weights, so each layout's state dict names exactly what it has.
+            self.feature_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
+            self.embedding_norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
+            self.fuse = nn.Linear(2 * hidden, hidden, bias=config.fuse_bias)
+            if config.feature_layers:  # EAGLE-3 features: the final state and the named layers' states -> one feature
+                slots = 1 + len(config.feature_layers)
+                self.slot_norms = nn.ModuleList(nn.RMSNorm(hidden, eps=eps) for _ in range(slots))
+                self.feature_fc = nn.Linear(slots * hidden, hidden, bias=False)
+            if published:
+                _drop_input_norm(self.layers[0])
+            self.norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
         self.rotary_emb = rotary_class(self.layer_config) if rotary_class is not None else None
         if config.draft_vocab_size:
             self.register_buffer("draft_vocab", torch.zeros(config.draft_vocab_size, dtype=torch.long))
@@ -173,10 +195,15 @@ class EagleModule(nn.Module):
         raw["model_type"] = text_config.model_type
         if feature_layers == "auto":
             feature_layers = default_feature_layers(text_config.num_hidden_layers)
+        if layout == "eagle3" and draft_vocab is not None:
+            draft_vocab = draft_vocab.sort().values  # ascending ids, as the speculators format's d2t / t2d hold them
         config = EagleConfig(BaseIdentity.of(model), raw, num_layers, 0 if draft_vocab is None else len(draft_vocab),
                              layout=layout, feature_layers=tuple(feature_layers))
         check_feature_layers(config.feature_layers, text_config.num_hidden_layers, "the new EAGLE head")
         head = cls(config, model)
+        if layout == "eagle3":
+            head.start_from_base(model, draft_vocab)
+            return attach(head, model, config.base, "the EAGLE head").train()
         head.take_final_state()
         with torch.no_grad():
             hidden = config.base.hidden_size
@@ -198,6 +225,42 @@ class EagleModule(nn.Module):
             if draft_vocab is not None:
                 head.draft_vocab.copy_(draft_vocab)
         return attach(head, model, config.base, "the EAGLE head").train()
+
+    @torch.no_grad()
+    def start_from_base(self, model, draft_vocab: torch.Tensor | None) -> None:
+        """A fresh "eagle3" head: fc takes the last feature layer's state, the layers are the identity (their output
+        projections zero), and norm and lm_head are the base's final norm and LM head rows (of the draft vocabulary),
+        so it first guesses what the base's LM head makes of its layer `feature_layers[-1]`."""
+        hidden = self.config.base.hidden_size
+        self.feature_fc.weight.zero_()
+        self.feature_fc.weight[:, -hidden:].copy_(torch.eye(hidden))
+        for layer in self.layers:
+            for linear in _output_projections(layer):
+                linear.weight.zero_()
+        base_norm = getattr(model.get_decoder(), "norm", None)
+        if type(base_norm) is type(self.norm) and base_norm.weight.shape == self.norm.weight.shape:
+            self.norm.weight.copy_(base_norm.weight)
+        rows = model.get_output_embeddings().weight.detach()
+        self.lm_head.weight.copy_(rows if draft_vocab is None else rows[draft_vocab.to(rows.device)])
+        if draft_vocab is not None:
+            self.draft_vocab.copy_(draft_vocab)
+
+    @property
+    def own_lm_head(self) -> bool:
+        """Whether the head scores its states with its own LM head ("eagle3") instead of the base's."""
+        return self.config.layout == "eagle3"
+
+    def draft_logits(self, states: torch.Tensor, target, vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[..., H] states this head returned -> [..., N] draft logits over `vocab_ids` ([N] ids; None: the whole
+        vocabulary). "selfspec" and "eagle1" heads go through the base's LM head (`target.logits`), so any rows will
+        do; an "eagle3" head through its own norm and LM head, which hold its draft vocabulary's rows only."""
+        if not self.own_lm_head:
+            return target.logits(states, vocab_ids=vocab_ids)
+        rows = self.lm_head.weight.shape[0]
+        if (vocab_ids is None) != (self.draft_vocab is None) or (vocab_ids is not None and vocab_ids.shape[0] != rows):
+            raise ValueError(f"an 'eagle3' EAGLE head scores its own draft vocabulary ({rows} tokens) only: pass "
+                             "vocab_ids=head.draft_vocab")
+        return self.lm_head(self.norm(states))
 
     @classmethod
     def widened(cls, head, feature_layers: tuple[int, ...] | str, model):
@@ -231,7 +294,10 @@ class EagleModule(nn.Module):
                 norm.weight.fill_(1.0)
 
     def fuse_layers(self, features: torch.Tensor) -> torch.Tensor:
-        """[..., (1 + n) H] the base's final state and feature layers' states -> [..., H] the head's feature."""
+        """[..., (1 + n) H] the base's final state and feature layers' states -> [..., H] the head's feature ("eagle3":
+        of the feature layers' states only)."""
+        if self.config.layout == "eagle3":
+            return self.feature_fc(features[..., self.config.base.hidden_size :])
         slots = features.split(self.config.base.hidden_size, dim=-1)
         return self.feature_fc(torch.cat([norm(s) for norm, s in zip(self.slot_norms, slots)], dim=-1))
 
@@ -251,8 +317,9 @@ class EagleModule(nn.Module):
     ) -> torch.Tensor:
         """features [B, T, H] (h_t; with feature layers also the base's real rows [B, T, (1 + n) H], fused here),
         next_embeddings [B, T, H] (embed(x_{t+1})), position_ids [B, T] (t) ->
-        [B, T, H] predicted post-norm features for positions t+1 (what the LM head reads, in both layouts). With
-        `cache`, the T positions follow its contents.
+        [B, T, H] the predicted states for positions t+1, which `draft_logits` scores and the next draft reads back:
+        post-norm features (what the base's LM head reads) in the "selfspec" and "eagle1" layouts, the layers'
+        pre-norm output in "eagle3". With `cache`, the T positions follow its contents.
         attention_mask: None (causal), or a 4D additive float mask [B, 1, T, cached + T] used as given (a tree of
         drafts: each row attends to the cached entries of its own path only)."""
         from transformers.masking_utils import create_causal_mask
@@ -267,7 +334,10 @@ class EagleModule(nn.Module):
                     "(TargetModel.set_feature_layers(head.config.feature_layers))"
                 )
             features = self.fuse_layers(features)
-        if self.config.layout == "eagle1":  # published order: embedding first, neither normed
+        eagle3 = self.config.layout == "eagle3"
+        if eagle3:  # the embedding joins inside layer 0
+            fused = features
+        elif self.config.layout == "eagle1":  # published order: embedding first, neither normed
             fused = self.fuse(torch.cat([next_embeddings, features], dim=-1))
         else:
             fused = self.fuse(torch.cat([self.feature_norm(features), self.embedding_norm(next_embeddings)], dim=-1))
@@ -279,10 +349,15 @@ class EagleModule(nn.Module):
             position_ids=position_ids,
         )
         hidden = fused
-        for layer in self.layers:
-            hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
-                           use_cache=cache is not None, **extra)
-        return self.norm(hidden)
+        for i, layer in enumerate(self.layers):
+            if eagle3 and i == 0:
+                hidden = _eagle3_first_layer(layer, next_embeddings, hidden, self.config.norm_before_residual,
+                                             attention_mask=mask, position_ids=position_ids, cache=cache,
+                                             use_cache=cache is not None, **extra)
+            else:
+                hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
+                               use_cache=cache is not None, **extra)
+        return hidden if eagle3 else self.norm(hidden)
 
     def check_base(self, model, what: str = "this EAGLE head", check_identity: bool = True) -> None:
         self.config.base.check_matches(BaseIdentity.of(model), what, check_identity)
@@ -297,7 +372,7 @@ class EagleModule(nn.Module):
     def load_native(cls, directory: str | os.PathLike, raw: dict, model=None, check_base: bool = True):
         config = EagleConfig(BaseIdentity.from_dict(raw["base"]), raw["base_config"], raw["num_layers"],
                              raw.get("draft_vocab_size", 0), raw.get("layout", "selfspec"), raw.get("fuse_bias", False),
-                             tuple(raw.get("feature_layers", ())))
+                             tuple(raw.get("feature_layers", ())), raw.get("norm_before_residual", False))
         head = load_weights(cls(config, model), directory)
         if model is not None:
             head = attach(head, model, config.base, f"the EAGLE head in {directory!r}", check_identity=check_base)
@@ -323,6 +398,47 @@ def _drop_input_norm(layer: nn.Module) -> None:
             f"{type(layer).__name__} has no `input_layernorm` to drop: the 'eagle1' layout supports Llama-style layers"
         )
     layer.input_layernorm = nn.Identity()
+
+
+# What a layer must hold for the "eagle3" layout to feed its submodules (`_eagle3_first_layer`): a Llama-style layer
+_EAGLE3_LAYER_PARTS = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
+
+
+def _widen_first_layer(layer: nn.Module) -> None:
+    """EAGLE-3's layer 0: q/k/v projections reading [embedding; hidden] (2 H, fresh weights of the layer's shapes and
+    biases) and a `hidden_norm` of the layer's own norm class beside its input norm."""
+    parts = {name for name, _ in layer.named_children()}
+    attention = getattr(layer, "self_attn", None)
+    projections = {n: getattr(attention, n, None) for n in ("q_proj", "k_proj", "v_proj")}
+    if parts != _EAGLE3_LAYER_PARTS or not all(isinstance(p, nn.Linear) for p in projections.values()):
+        raise NotImplementedError(
+            f"{type(layer).__name__} is not a Llama-style layer (self_attn with q/k/v_proj, mlp, input_layernorm, "
+            f"post_attention_layernorm; it has {sorted(parts)}): the 'eagle3' layout cannot widen its attention. Use "
+            "the 'selfspec' layout with --feature-layers for this base"
+        )
+    for name, linear in projections.items():
+        setattr(attention, name, nn.Linear(2 * linear.in_features, linear.out_features, bias=linear.bias is not None))
+    layer.hidden_norm = _norm_like(layer)
+
+
+def _norm_like(layer: nn.Module) -> nn.Module:
+    """A norm of the layer's input norm's class and epsilon: a copy of a freshly built layer's, at its initial weight
+    (called while the head is being built, before any weights are loaded)."""
+    return copy.deepcopy(layer.input_layernorm)
+
+
+def _eagle3_first_layer(layer: nn.Module, embeddings: torch.Tensor, hidden: torch.Tensor, norm_before_residual: bool,
+                        attention_mask, position_ids, cache, use_cache, **extra) -> torch.Tensor:
+    """EAGLE-3's layer 0 on the layer's own submodules: attention over cat(input_layernorm(embedding),
+    hidden_norm(hidden)) [.., 2 H], residual `hidden` (or its norm), then the layer's post-attention norm and MLP."""
+    normed = layer.hidden_norm(hidden)
+    residual = normed if norm_before_residual else hidden
+    attended, _ = layer.self_attn(
+        hidden_states=torch.cat([layer.input_layernorm(embeddings), normed], dim=-1), attention_mask=attention_mask,
+        position_ids=position_ids, cache=cache, use_cache=use_cache, **extra,
+    )
+    hidden = residual + attended
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
 def _output_projections(layer: nn.Module) -> list[nn.Linear]:

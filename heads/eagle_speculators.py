@@ -1,25 +1,53 @@
-"""EAGLE heads and the `speculators` package's format (what vLLM loads for EAGLE-3 drafts): detected, and refused
-with the reason, because no selfspec layout computes what that format's model computes.
+"""EAGLE heads in the `speculators` package's format, which vLLM serves for EAGLE-3 drafts: the "eagle3" layout of
+`heads/eagle_module.py` written (`save_speculators`) and read (`load_speculators`). Knows file layouts, key names and
+config keys only.
 
 What the format holds, as read in `speculators` 0.9.0 (`speculators/models/eagle3/config.py`, `core.py`,
-`model_definitions.py`): config.json with `speculators_model_type: "eagle3"`, `architectures: ["Eagle3Speculator"]`,
-`transformer_layer_config` (the draft layer's own config), `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids`,
-`norm_before_fc` / `fc_norm` / `norm_before_residual` / `norm_output`; weights `fc.weight` [H, n H] over the
-auxiliary layers only (not the final state), `layers.0.*` whose q/k/v projections read cat(input_layernorm(embed),
-hidden_norm(hidden)) (2 H wide), `norm.weight`, and the draft-vocabulary maps `d2t` / `t2d`. Version 0.9.0 registers
-no EAGLE-1 model type ("eagle3", "mtp", "peagle", "dflash", "dflash2", "dspark", "xpress" only).
-
-selfspec's EAGLE head fuses [feature; embedding] to H before a standard layer (input norm, H-wide q/k/v), and its
-multi-layer fc reads the final state too, so its weights have no exact place in that layout (nor the other way round).
-Knows config keys only.
+`model_definitions.py`, `speculators/model.py`, `speculators/train/vocab_mapping.py`) and in vLLM
+(`vllm/model_executor/models/llama_eagle3.py`, `vllm/transformers_utils/configs/speculators/`):
+- config.json: `speculators_model_type: "eagle3"`, `architectures: ["Eagle3Speculator"]`,
+  `transformer_layer_config` (the draft layers' own config: a Llama or Qwen3 config with `num_hidden_layers` = the
+  draft's layers and `vocab_size` = the verifier's), `draft_vocab_size`, `eagle_aux_hidden_state_layer_ids` (the
+  verifier's layers fc reads: the input of decoder layer l, `hidden_states[l]` in transformers' terms, as vLLM
+  captures them), `norm_before_residual`, `norm_before_fc`, `fc_norm`, `norm_output`, `target_hidden_size`,
+  `speculators_config` {algorithm, proposal_methods [{proposal_type "greedy", speculative_tokens, ...}],
+  default_proposal_method, verifier {name_or_path, architectures}}. vLLM requires `speculators_config.verifier
+  .name_or_path` and `proposal_methods[0].speculative_tokens`, and reads a missing `norm_before_residual` as true
+  (the package's default is false), so it is always written.
+- weights (model.safetensors): `fc.weight` [H, n H] over the auxiliary layers only (no final state, no bias),
+  `layers.0.*` (vLLM also takes SafeAILab's `midlayer.*`) with `self_attn.{q,k,v}_proj.weight` [.., 2 H] reading
+  cat(input_layernorm(embed), hidden_norm(hidden)), `layers.0.hidden_norm.weight`, `norm.weight`, `lm_head.weight`
+  [draft_vocab_size, H] (the draft's own), `embed_tokens.weight` (optional: vLLM shares the verifier's without it),
+  and, when the draft vocabulary is smaller than the verifier's, `d2t` (int64 [draft_vocab_size] offsets: target id =
+  draft id + d2t[draft id]) and `t2d` (bool [vocab_size], true at the draft vocabulary's ids). Draft ids are the
+  target ids in ascending order. `verifier_norm` / `verifier_lm_head` are training-only and never saved.
+- the computation: layer 0 takes residual = hidden (hidden_norm(hidden) with `norm_before_residual`), attends over
+  the 2 H concatenation, adds the residual, then post-attention norm and MLP; logits are lm_head(norm(out)), and out
+  (pre-norm) is the next draft step's hidden. `norm_before_fc`, `fc_norm` and `norm_output` (extra norms, defaults
+  false) and a `target_hidden_size` other than the draft's are refused here, naming the flag.
 """
 from __future__ import annotations
 
-UNSUPPORTED = (
-    "the speculators EAGLE-3 layer reads cat(norm(embedding), norm(feature)) 2H wide in its attention and fuses the "
-    "auxiliary layers only, while selfspec's EAGLE heads fuse [feature; embedding] to H before a standard layer (and "
-    "an EAGLE-3 head's fc reads the final state too): no selfspec layout computes what that format's model does"
-)
+import json
+import os
+from dataclasses import asdict
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, load_state_in_its_dtype
+from heads.eagle_formats import BASE_KEY, add_legacy_rope_keys
+from heads.eagle_module import EagleConfig, default_feature_layers
+
+MODEL_TYPE = "eagle3"
+ARCHITECTURE = "Eagle3Speculator"  # the speculators config's default; vLLM maps the layer model type to its own class
+FORMAT_VERSION = "0.9.0"  # the speculators release whose format this module follows
+LAYER_TYPES = ("llama", "qwen3")  # the layer families speculators and vLLM build EAGLE-3 drafts of
+SPECULATIVE_TOKENS = 3  # the chain length the config proposes (vLLM's default num_speculative_tokens for it)
+UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm", "norm_output")
+INDEX_NAME = "model.safetensors.index.json"
+TRAIN_ONE = ("train one for this model with `python -m training.heads --kind eagle --eagle-layout eagle3 "
+             "--feature-layers auto`")
 
 
 def is_speculators_config(raw: dict) -> bool:
@@ -28,16 +56,211 @@ def is_speculators_config(raw: dict) -> bool:
 
 
 def save_speculators(head, directory, model=None) -> None:
-    raise NotImplementedError(
-        f"EagleHead.save_pretrained(format='speculators') is not supported: {UNSUPPORTED}. To serve a head in vLLM, "
-        "train one with `python -m training.heads --kind eagle --eagle-layout eagle1` and save it with format='vllm' "
-        "(vLLM's EAGLE-1 draft model)"
-    )
+    """Write an "eagle3" `head` in the speculators format (config.json + model.safetensors). With the base `model`
+    its embedding is written too (`embed_tokens.weight`) and the verifier's architecture is recorded."""
+    config = head.config
+    if config.layout != "eagle3":
+        raise ValueError(
+            f"format='speculators' holds EAGLE-3 drafts ('eagle3' layout); this head has the {config.layout!r} layout, "
+            "whose layer reads a fusion of [feature; embedding] and the base's LM head, which that format has no place "
+            f"for. To serve a head with vLLM's eagle3 method, {TRAIN_ONE}; an 'eagle1' head exports as format='vllm'"
+        )
+    layer_type = head.layer_config.model_type
+    if layer_type not in LAYER_TYPES:
+        raise ValueError(f"the speculators format and vLLM build EAGLE-3 drafts of {' and '.join(LAYER_TYPES)} layers; "
+                         f"this head's layers are {layer_type!r}")
+    if model is not None:
+        head.check_base(model, "the EAGLE head being exported")
+    dtype = head.feature_fc.weight.dtype
+    state = {"fc.weight": head.feature_fc.weight, "norm.weight": head.norm.weight}
+    state.update({f"layers.{k}": v for k, v in head.layers.state_dict().items()})
+    vocab_size, lm_head = config.base.vocab_size, head.lm_head.weight
+    if head.draft_vocab is not None:
+        ids, order = head.draft_vocab.sort()  # draft id i is the i-th smallest target id
+        lm_head = lm_head[order]
+        state["d2t"] = ids - torch.arange(len(ids), device=ids.device)
+        state["t2d"] = torch.zeros(vocab_size, dtype=torch.bool).index_fill_(0, ids.cpu(), True)
+    state["lm_head.weight"] = lm_head
+    if model is not None:
+        state["embed_tokens.weight"] = model.get_input_embeddings().weight
+    # clone: a tied embedding shares storage with the LM head, and safetensors refuses shared tensors
+    state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous().clone()
+             for k, v in state.items()}
+    layer = {k: v for k, v in head.layer_config.to_dict().items() if not k.startswith("_") and k != "architectures"}
+    dtype_name = str(dtype).removeprefix("torch.")
+    layer.update(num_hidden_layers=config.num_layers, hidden_size=config.base.hidden_size, vocab_size=vocab_size,
+                 model_type=layer_type, torch_dtype=dtype_name, dtype=dtype_name)
+    add_legacy_rope_keys(layer)
+    verifier_architectures = list(getattr(model.config, "architectures", None) or [type(model).__name__]) if model \
+        is not None else []
+    written = {
+        "architectures": [ARCHITECTURE],
+        "speculators_model_type": MODEL_TYPE,
+        "speculators_version": FORMAT_VERSION,
+        "transformer_layer_config": layer,
+        "draft_vocab_size": len(head.draft_vocab) if head.draft_vocab is not None else vocab_size,
+        "eagle_aux_hidden_state_layer_ids": list(config.feature_layers),
+        "norm_before_residual": config.norm_before_residual,
+        "norm_before_fc": False,
+        "fc_norm": False,
+        "norm_output": False,
+        "target_hidden_size": None,
+        "embed_requires_grad": False,
+        "speculators_config": {
+            "algorithm": MODEL_TYPE,
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": SPECULATIVE_TOKENS,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "default_proposal_method": "greedy",
+            "verifier": {"name_or_path": config.base.name_or_path or None, "architectures": verifier_architectures},
+        },
+        "torch_dtype": dtype_name,
+        "dtype": dtype_name,
+        BASE_KEY: asdict(config.base),  # selfspec's own: the base identity with its LM-head signature
+    }
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, CONFIG_NAME), "w") as f:
+        json.dump(written, f, indent=2)
+    save_file(state, os.path.join(directory, WEIGHTS_NAME), metadata={"format": "pt"})
 
 
 def load_speculators(cls, directory, raw: dict, model=None, check_base: bool = True):
+    """A speculators EAGLE-3 draft in `directory` -> an "eagle3" head of class `cls`; with `model`, checked against it
+    (hidden size, vocabulary, layers against the auxiliary layer ids, and unless check_base=False the verifier's
+    architecture, the stored embedding and selfspec's LM-head signature) and placed on it."""
     kind = raw.get("speculators_model_type")
-    raise NotImplementedError(
-        f"{str(directory)!r} is a speculators {kind!r} draft model; selfspec cannot run it: {UNSUPPORTED}. selfspec "
-        "loads its own EAGLE heads, published EAGLE-1/2 heads and vLLM EAGLE-1 exports"
-    )
+    if kind != MODEL_TYPE:
+        raise NotImplementedError(f"{str(directory)!r} is a speculators {kind!r} draft model; selfspec runs the "
+                                  f"speculators format's {MODEL_TYPE!r} drafts only")
+    flags = [flag for flag in UNSUPPORTED_FLAGS if raw.get(flag)]
+    if flags:
+        raise NotImplementedError(f"{str(directory)!r} sets {', '.join(flags)}: extra norms selfspec's 'eagle3' layout "
+                                  "does not compute (it runs the format's defaults, false)")
+    layer = dict(raw.get("transformer_layer_config") or {})
+    layer.setdefault("model_type", "qwen3")  # the speculators config's default layer config
+    hidden, vocab_size = int(layer.get("hidden_size", 0)), int(layer.get("vocab_size", 0))
+    if not hidden or not vocab_size:
+        raise ValueError(f"{str(directory)!r}: transformer_layer_config names no hidden_size or vocab_size")
+    target_hidden = raw.get("target_hidden_size")
+    if target_hidden not in (None, hidden):
+        raise NotImplementedError(f"{str(directory)!r}: its layers are {hidden} wide but read a verifier {target_hidden} "
+                                  "wide (target_hidden_size); selfspec's heads share the base's width")
+    base = BaseIdentity.from_dict(raw[BASE_KEY]) if BASE_KEY in raw else BaseIdentity(hidden, vocab_size, name_or_path=str(
+        ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or ""))
+    aux = raw.get("eagle_aux_hidden_state_layer_ids")
+    if model is not None:
+        check_verifier(raw, base, aux, model, directory, check_base)
+    if aux is None:  # speculators then takes the verifier's 2, L // 2, L - 3
+        if model is None:
+            raise ValueError(f"{str(directory)!r} names no eagle_aux_hidden_state_layer_ids; its default depends on "
+                             "the verifier: load it with the base, EagleHead.from_pretrained(dir, model=model)")
+        aux = default_feature_layers(model.config.get_text_config(decoder=True).num_hidden_layers)
+    state = read_weights(directory)
+    draft_vocab = draft_ids(state, int(raw.get("draft_vocab_size") or vocab_size), vocab_size, directory)
+    if model is not None and check_base and "embed_tokens.weight" in state:
+        check_embedding(state["embed_tokens.weight"], model, directory)
+    config = EagleConfig(base, layer, int(layer.get("num_hidden_layers", 1)),
+                         0 if draft_vocab is None else len(draft_vocab), layout="eagle3", feature_layers=tuple(aux),
+                         norm_before_residual=bool(raw.get("norm_before_residual", False)))
+    head = cls(config)  # layers of the class its transformer_layer_config names
+    ours = our_state(state, head.state_dict(), directory)
+    if draft_vocab is not None:
+        ours["draft_vocab"] = draft_vocab
+    load_state_in_its_dtype(head, ours)
+    if model is not None:
+        head = attach(head, model, base, f"the EAGLE head in {str(directory)!r}", check_identity=check_base)
+    return head.eval()
+
+
+def check_verifier(raw: dict, base: BaseIdentity, aux, model, directory, check_base: bool) -> None:
+    """Raise a ValueError naming every way `model` differs from the verifier the draft was made for, and what to do."""
+    text_config = model.config.get_text_config(decoder=True)
+    ours = BaseIdentity.of(model)
+    differences = []
+    if base.hidden_size != ours.hidden_size:
+        differences.append(f"hidden size {base.hidden_size}, this model {ours.hidden_size}")
+    if base.vocab_size != ours.vocab_size:
+        differences.append(f"a vocabulary of {base.vocab_size} tokens, this model {ours.vocab_size}")
+    num_layers = text_config.num_hidden_layers
+    beyond = [l for l in aux or () if not 0 <= l < num_layers]
+    if beyond:
+        differences.append(f"auxiliary layers {list(aux)}, of which {beyond} lie beyond this model's {num_layers} "
+                           f"decoder layers (hidden_states 0..{num_layers - 1})")
+    verifier = (raw.get("speculators_config") or {}).get("verifier") or {}
+    theirs = set(verifier.get("architectures") or ())
+    mine = set(getattr(model.config, "architectures", None) or ()) | {type(model).__name__}
+    if check_base and theirs and not theirs & mine:
+        differences.append(f"a {'/'.join(sorted(theirs))} verifier, this model a {type(model).__name__}")
+    if differences:
+        named = f" ({verifier['name_or_path']})" if verifier.get("name_or_path") else ""
+        raise ValueError(
+            f"the EAGLE-3 draft in {str(directory)!r} was made for another base{named}: {'; '.join(differences)}. Load "
+            f"it with the verifier it names, or {TRAIN_ONE}" + (" (pass check_base=False to skip the architecture "
+                                                                "check)" if any("verifier" in d for d in differences) else "")
+        )
+
+
+def check_embedding(embedding: torch.Tensor, model, directory) -> None:
+    """A draft that stores an embedding other than `model`'s was trained for another base of the same shape."""
+    ours = model.get_input_embeddings().weight.detach()
+    theirs = embedding.to(ours.device, ours.dtype)
+    if theirs.shape != ours.shape or not torch.allclose(theirs, ours, rtol=1e-2, atol=1e-3):
+        raise ValueError(f"the EAGLE-3 draft in {str(directory)!r} stores an embedding that differs from this model's: "
+                         f"it was trained for another base of the same shape. Load it with that base, or {TRAIN_ONE}. "
+                         "To force it anyway pass check_base=False")
+
+
+def read_weights(directory) -> dict[str, torch.Tensor]:
+    """model.safetensors, or the shards a model.safetensors.index.json lists."""
+    single, index = os.path.join(directory, WEIGHTS_NAME), os.path.join(directory, INDEX_NAME)
+    if os.path.isfile(single):
+        return load_file(single)
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return {k: v for shard in shards for k, v in load_file(os.path.join(directory, shard)).items()}
+    raise FileNotFoundError(f"{str(directory)!r} holds a speculators config.json but no {WEIGHTS_NAME} (nor "
+                            f"{INDEX_NAME}): copy the whole directory")
+
+
+def draft_ids(state: dict[str, torch.Tensor], draft_vocab_size: int, vocab_size: int, directory) -> torch.Tensor | None:
+    """[N] target ids of draft ids 0..N-1 from `d2t` (checked against `t2d` when present), or None: the whole
+    vocabulary in its own order (no `d2t`, as the format writes when the vocabularies are equal)."""
+    d2t, t2d = state.get("d2t"), state.get("t2d")
+    if d2t is None:
+        if draft_vocab_size != vocab_size:
+            raise ValueError(f"{str(directory)!r}: a draft vocabulary of {draft_vocab_size} of {vocab_size} tokens "
+                             "needs the d2t map, which the weights lack")
+        return None
+    if d2t.shape != (draft_vocab_size,):
+        raise ValueError(f"{str(directory)!r}: d2t has shape {tuple(d2t.shape)}, draft_vocab_size is {draft_vocab_size}")
+    ids = torch.arange(draft_vocab_size) + d2t.long()
+    if bool(((ids < 0) | (ids >= vocab_size)).any()) or ids.unique().numel() != draft_vocab_size:
+        raise ValueError(f"{str(directory)!r}: d2t maps draft ids outside the vocabulary of {vocab_size} tokens or two "
+                         "of them onto one token")
+    if t2d is not None:
+        mask = t2d.bool()
+        if mask.shape != (vocab_size,) or int(mask.sum()) != draft_vocab_size or not bool(mask[ids].all()):
+            raise ValueError(f"{str(directory)!r}: t2d does not mark the {draft_vocab_size} tokens d2t maps to")
+    return ids
+
+
+def our_state(state: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], directory) -> dict[str, torch.Tensor]:
+    """The format's tensor names -> the "eagle3" head's, checked against its own state dict (names and shapes)."""
+    ours = {}
+    for key, value in state.items():
+        if key in ("d2t", "t2d", "embed_tokens.weight", "verifier_norm.weight", "verifier_lm_head.weight") or \
+                key.endswith("rotary_emb.inv_freq"):
+            continue  # vocabulary maps read above; the base's embedding is used at call time; training-only tensors
+        name = "layers.0." + key.removeprefix("midlayer.") if key.startswith("midlayer.") else key
+        name = "feature_fc.weight" if name == "fc.weight" else name
+        if name not in expected or name == "draft_vocab":
+            raise ValueError(f"{str(directory)!r}: unexpected tensor {key!r}; not an EAGLE-3 draft of this config")
+        if value.shape != expected[name].shape:
+            raise ValueError(f"{str(directory)!r}: {key} has shape {tuple(value.shape)}, its config.json implies "
+                             f"{tuple(expected[name].shape)}")
+        ours[name] = value
+    missing = sorted(set(expected) - set(ours) - {"draft_vocab"})
+    if missing:
+        raise ValueError(f"{str(directory)!r}: the weights have no {', '.join(missing)}; the file is incomplete or "
+                         "another layout")
+    return ours

@@ -30,7 +30,7 @@ class HeadSettings:
     exit_layer: int = 0
     draft_vocab_size: int = 0
     eagle_passes: int = 3
-    eagle_layout: typing.Literal["selfspec", "eagle1"] = "selfspec"
+    eagle_layout: typing.Literal["selfspec", "eagle1", "eagle3"] = "selfspec"
     feature_layers: tuple[str, ...] = ()
     init: str = ""
     glob: str = "**/*.txt"
@@ -82,6 +82,12 @@ class HeadSettings:
             raise ValueError("--exit-layer and --draft-vocab-size must be >= 0")
         if self.feature_layers and self.kind != "eagle":
             raise ValueError("--feature-layers is an option of --kind eagle (an EAGLE-3 head)")
+        if self.eagle_layout == "eagle3" and not self.feature_layers:
+            raise ValueError("--eagle-layout eagle3 fuses the base's feature layers: pass --feature-layers auto "
+                             "(or indices)")
+        if self.eagle_layout == "eagle1" and self.feature_layers:
+            raise ValueError("--eagle-layout eagle1 reads the final state only: drop --feature-layers, or use "
+                             "--eagle-layout eagle3 (or selfspec)")
         if self.feature_layers and self.feature_layers != ("auto",) and not all(v.isdigit() for v in self.feature_layers):
             raise ValueError(f"--feature-layers takes 'auto' or layer indices (e.g. 2 15 27), got {self.feature_layers}")
         if self.resume and self.eval_only:
@@ -109,7 +115,9 @@ _HELP = {
     "eagle_passes": "3: EAGLE passes per batch; pass j >= 2 reads the features pass j-1 predicted, as drafts 2.. do",
     "eagle_layout": "selfspec: input and output norms around the layer (how examples/smollm2/eagle was trained); "
     "eagle1: the published EAGLE-1 layout (no norms, embedding first), which "
-    "`EagleHead.save_pretrained(dir, format='vllm')` exports for vLLM (--init keeps its head's layout)",
+    "`EagleHead.save_pretrained(dir, format='vllm')` exports for vLLM (--init keeps its head's layout); "
+    "eagle3: EAGLE-3 as the speculators package defines it (needs --feature-layers; its own LM head over the draft "
+    "vocabulary), which `save_pretrained(dir, format='speculators')` exports for vLLM's eagle3 method",
     "feature_layers": "none: the EAGLE head reads the base's final state only; 'auto': EAGLE-3's low, middle and "
     "high layers (hidden_states 2, L//2, L-3 of an L-layer base) beside it, fused by the head; or indices (2 15 27). "
     "With --init of a final-state head, the new head starts as that head (its feature fc takes the final state)",

@@ -154,6 +154,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
     else:
         draft_vocab = choose_draft_vocab(settings, records, target.vocab_size)
         head = recipe.new_head(model, settings, draft_vocab).to(dtype)
+        draft_vocab = getattr(head, "draft_vocab", draft_vocab)  # in the head's order ("eagle3" sorts its ids)
     teacher = Teacher(target, draft_vocab)
     num_params = sum(p.numel() for p in head.parameters())
     base_params = sum(p.numel() for p in model.parameters())

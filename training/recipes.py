@@ -6,7 +6,8 @@ here. With h_t the base's post-norm hidden state at position t (it predicts toke
 - Medusa head k (0-based) reads h_t and guesses token t+2+k: the base's distribution from h_{t+1+k};
 - the EAGLE head reads (h_t, token t+1) and predicts the feature h_{t+1} (regression) and, through the LM head, the
   base's distribution from h_{t+1} (an EAGLE-3 head, with feature layers, reads several of the base's layers at t and
-  learns the distribution only, as EAGLE-3 drops the feature regression); passes 2.. feed it its own predicted features instead of h_t and let it attend
+  learns the distribution only, as EAGLE-3 drops the feature regression; in the "eagle3" layout through its own LM
+  head, trained with it); passes 2.. feed it its own predicted features instead of h_t and let it attend
   to real entries up to the chain's start and the chain's own after it (as at inference, where every draft after the
   first reads a predicted feature), so later draft positions are trained as they run;
 - an exit adapter reads the first L layers' output at t and guesses token t+1 like the full model.
@@ -47,6 +48,12 @@ class Teacher:
 
     def to_full_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.draft_vocab is None else self.draft_vocab[draft_ids]
+
+
+def eagle_logits(head, predicted: torch.Tensor, teacher: Teacher) -> torch.Tensor:
+    """[..., H] states an EAGLE head predicted -> [..., N] its draft logits over the teacher's draft vocabulary, as the
+    drafter scores them (`EagleHead.draft_logits`: the base's LM head, or an "eagle3" head's own, which trains)."""
+    return getattr(head, "module", head).draft_logits(predicted, teacher.target, teacher.draft_vocab)
 
 
 def soft_cross_entropy(student_logits: torch.Tensor, target_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -177,7 +184,7 @@ class EagleRecipe:
     pass_decay: float = 0.8
     feature_weight: float = 0.5  # smooth-L1 on features / their RMS, beside the distribution loss (weight 1)
     kind: str = "eagle"
-    layout: str = "selfspec"  # heads/eagle.py: "eagle1" is the published layout vLLM serves
+    layout: str = "selfspec"  # heads/eagle.py: "eagle1" and "eagle3" (the speculators format) are what vLLM serves
     feature_layers: tuple[int, ...] = ()  # the base's hidden_states the head reads beside the final state (EAGLE-3)
 
     def new_head(self, model, settings, draft_vocab):
@@ -192,6 +199,9 @@ class EagleRecipe:
         from heads.eagle import EagleHead
 
         head = EagleHead.from_pretrained(directory, model=model)
+        if (self.layout == "eagle3") != (head.config.layout == "eagle3"):
+            raise ValueError(f"the EAGLE head in {str(directory)!r} has the {head.config.layout!r} layout, this run "
+                             f"trains {self.layout!r}: an 'eagle3' head starts fresh or from another 'eagle3' head")
         if self.feature_layers and not head.config.feature_layers:
             return EagleHead.widened(head, self.feature_layers, model)
         if head.config.feature_layers != self.feature_layers:
@@ -232,7 +242,7 @@ class EagleRecipe:
         feature_weight = 0.0 if self.feature_layers else self.feature_weight  # EAGLE-3 learns the distribution only
         loss, top1 = batch.features.new_zeros((), dtype=torch.float32), []
         for j, predicted, mask in self._passes(head, batch, teacher):
-            student = teacher.logits(predicted)
+            student = eagle_logits(head, predicted, teacher)
             loss = loss + self.pass_decay**j * soft_cross_entropy(student, target_probs, mask)
             if feature_weight:
                 regression = F.smooth_l1_loss(predicted.float() / scale, target_hidden.float() / scale,
@@ -248,7 +258,7 @@ class EagleRecipe:
         for batch in batches:
             wanted = teacher.greedy(batch.features[:, 1:])
             for j, predicted, mask in self._passes(head, batch, teacher):
-                matches[j].append(teacher.to_full_ids(teacher.logits(predicted).argmax(-1)) == wanted)
+                matches[j].append(teacher.to_full_ids(eagle_logits(head, predicted, teacher).argmax(-1)) == wanted)
                 masks[j].append(mask)
         # draft j+1 of a chain started at t reads pass j's output at position t + j: shift by one per pass
         return _chain_summary([torch.cat(m) for m in matches], [torch.cat(k) for k in masks])

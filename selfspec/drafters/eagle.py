@@ -8,7 +8,8 @@ at that position (rotary embeddings take positions, the causal mask counts entri
 reads at most the `PROBE_CATCH_UP` newest states of those it has not seen, so the positions before them stay
 unread: the head attends to fewer of them, which can change its guesses, never what the verifier accepts.
 Greedy drafts are argmax point masses; sampled drafts carry their draft_probs (zero outside the draft vocabulary)
-to the exact verifier.
+to the exact verifier. The head scores its states (`EagleHead.draft_logits`): through the target's LM head, or its own
+("eagle3" layout); every layout runs this one path.
 Trees (`DraftContext.tree_size` = N > 0), EAGLE-2 style: depth by depth, the `tree_top_k` candidates of highest
 cumulative draft probability are expanded in one head forward (a 4D mask lets each attend to its own path's entries
 of the head cache, at position = depth), each adding its top-k children; then all candidates are reranked and the N
@@ -93,17 +94,24 @@ class EagleDrafter:
         check_probability("min_draft_confidence", min_draft_confidence)
         if tree_top_k != "auto":
             check_count('tree_top_k ("auto" or a count)', tree_top_k)
-        draft_vocab = resolve_draft_vocab(draft_vocab, target.device)
+        resolved = resolve_draft_vocab(draft_vocab, target.device)
+        if head.own_lm_head:  # an "eagle3" head's own LM head holds its draft vocabulary's rows only
+            if draft_vocab == "full" and head.draft_vocab is not None:
+                raise ValueError(f"this EAGLE head ('eagle3' layout) scores its {len(head.draft_vocab)} draft tokens "
+                                 "with its own LM head and cannot draft over the whole vocabulary: pass "
+                                 "draft_vocab='head' or 'auto'")
+            resolved = "head"
         self.tree_top_k = tree_top_k
         self.head = head.eval()
         self.min_draft_confidence = min_draft_confidence
         self.embed = target.model.get_input_embeddings()
-        self.draft_vocab = head.draft_vocab if draft_vocab == "head" else None  # [N] ids or None (full vocabulary)
+        self.draft_vocab = head.draft_vocab if resolved == "head" else None  # [N] ids or None (full vocabulary)
         self._cache = None
         self._real_length = 0  # positions read: the next proposal's first new state is at this position
         self._real_entries = 0  # head cache entries computed from the base's real features (<= _real_length)
-        # A draft token meets the head and the LM head rows it projects onto (SmolLM2's head: about 0.07 of a decode).
-        rows = projection_weights(target.model, self.draft_vocab)
+        # A draft token meets the head and the LM head rows it projects onto (SmolLM2's head: about 0.07 of a decode);
+        # an "eagle3" head's own LM head is among its parameters.
+        rows = 0 if head.own_lm_head else projection_weights(target.model, self.draft_vocab)
         self.draft_cost = weight_share(target.model, [self.head], extra_weights=rows)
 
     @property
@@ -118,8 +126,9 @@ class EagleDrafter:
 
     @property
     def projected_vocab(self) -> torch.Tensor | None:
-        """The draft vocabulary the head's features are projected onto through the target's LM head (None: all of it)."""
-        return self.draft_vocab
+        """The draft vocabulary the head's features are projected onto through the target's LM head (None: all of it,
+        or none of it for an "eagle3" head, which scores with its own)."""
+        return None if self.head.own_lm_head else self.draft_vocab
 
     def propose(self, context: DraftContext) -> Draft:
         # [num_new, hidden] real features of the newly committed positions ([num_new, (1 + n) hidden] with feature
@@ -145,7 +154,7 @@ class EagleDrafter:
             return self._draft_tree(feature, context)
         tokens, draft_probs = [], []
         for step in range(context.num_draft_tokens):
-            logits = context.target.logits(feature, vocab_ids=self.draft_vocab)  # [1, N]
+            logits = self.head.draft_logits(feature, context.target, self.draft_vocab)  # [1, N]
             token, probs = draw_draft(logits, context, self.draft_vocab, step)  # [1] model ids, [1, vocab] or None
             # Drawn before the confidence check, which only decides how many drafts are proposed, never which.
             if self.min_draft_confidence and float(top_probability(logits, probs)) < self.min_draft_confidence:
@@ -184,7 +193,7 @@ class EagleDrafter:
         scores = torch.zeros(1, device=device)
         features, ancestor_slots = feature, [[]]  # [F, hidden]
         for depth in range(context.num_draft_tokens):
-            logits = context.target.logits(features, vocab_ids=self.draft_vocab)  # [F, N]
+            logits = self.head.draft_logits(features, context.target, self.draft_vocab)  # [F, N]
             tokens, log_probs = top_draft_tokens(logits, context, width, self.draft_vocab, depth)  # [F, k]
             if self.min_draft_confidence:  # an unsure distribution gets no children
                 log_probs = log_probs.masked_fill(log_probs[:, :1].exp() < self.min_draft_confidence, -torch.inf)

@@ -45,7 +45,7 @@ class BatchEagleDrafter:
 
     @property
     def projected_vocab(self) -> torch.Tensor | None:
-        return self.draft_vocab  # (as EagleDrafter's)
+        return None if self.head.own_lm_head else self.draft_vocab  # (as EagleDrafter's)
 
     def propose(self, contexts: list[DraftContext]) -> list[Draft]:
         """One context per row of the cache, in its order -> each row's draft of up to its num_draft_tokens."""
@@ -56,7 +56,7 @@ class BatchEagleDrafter:
         drafting = [r for r, k in enumerate(limits) if k > 0]  # rows that draft at this position
         while drafting:
             rows = torch.tensor(drafting, device=feature.device)
-            logits = self.target.logits(feature[rows], vocab_ids=self.draft_vocab)  # [D, N]
+            logits = self.head.draft_logits(feature[rows], self.target, self.draft_vocab)  # [D, N]
             drawn, probs = draw_rows(logits, [contexts[r] for r in drafting], self.draft_vocab,
                                      [len(tokens[r]) for r in drafting])  # [D], [D, vocab]|None
             confident = confident_rows(logits, probs, self.min_draft_confidence)
