@@ -70,7 +70,7 @@ def test_checkpoint_round_trip_and_refusals(tmp_path):
         EagleHead.from_pretrained(tmp_path, model=tiny_model(num_layers=2), check_base=False)
     with pytest.raises(ValueError, match="width"):
         head(rows[..., :64], embeddings, torch.arange(5)[None])
-    with pytest.raises(ValueError, match="selfspec"):
+    with pytest.raises(ValueError, match="'selfspec' or 'eagle3' layout"):
         EagleConfig(head.config.base, head.config.base_config, layout="eagle1", feature_layers=(1,))
     with pytest.raises(ValueError, match="distinct"):
         EagleHead.for_model(model, feature_layers=(1, 1))
@@ -98,15 +98,12 @@ def test_no_heads_module_imports_one_that_imports_it_back():
     assert "heads.eagle_module" in imports["heads.eagle_formats"] and "heads.eagle" not in imports["heads.eagle_formats"]
 
 
-def test_the_speculators_format_is_detected_and_refused_with_its_reason(tmp_path):
-    import json
-
+def test_a_selfspec_layout_head_is_not_written_in_the_speculators_format(tmp_path):
+    """The speculators format holds the 'eagle3' layout only (`tests/heads/test_eagle_speculators.py`)."""
     model = tiny_model(num_layers=4)
     head = EagleHead.for_model(model, feature_layers=LAYERS)
-    with pytest.raises(NotImplementedError, match="format='vllm'"):
+    with pytest.raises(ValueError, match="--eagle-layout eagle3"):
         head.save_pretrained(tmp_path / "out", format="speculators")
-    (tmp_path / "config.json").write_text(json.dumps({"speculators_model_type": "eagle3", "draft_vocab_size": 32}))
-    with pytest.raises(NotImplementedError, match="speculators 'eagle3' draft model"):
-        EagleHead.from_pretrained(tmp_path, model=model)
     with pytest.raises(ValueError, match="unknown EAGLE head format"):
         head.save_pretrained(tmp_path / "out", format="speculator")
+    assert not (tmp_path / "out").exists()
