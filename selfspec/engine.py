@@ -125,7 +125,7 @@ class SelfSpecModel:
         self.tokenizer = tokenizer
         self.drafter = make_drafter(drafter, self.target, heads, drafter_options)
         self.target.set_feature_layers(getattr(self.drafter, "feature_layers", ()))  # e.g. an EAGLE-3 head's
-        dtype = self.target.lm_head.weight.dtype
+        dtype = self.target.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
         self.draft_dtype = resolve_draft_dtype(draft_dtype, self.few_row_kernel)  # torch.bfloat16 or None
         self.few_row_linears = (FewRowLinears(model, draft_modules=drafter_modules(self.drafter, self.target),

@@ -37,8 +37,13 @@ class TargetModel:
         self._softcap = getattr(config, "final_logit_softcapping", None)
         self._scale = getattr(config, "logit_scale", None)
         self._divide = getattr(config, "logits_scaling", None)
-        self.vocab_size = self.lm_head.weight.shape[0]
-        self.hidden_size = self.lm_head.weight.shape[1]
+        # [vocab, hidden] from the layer where it says so: bitsandbytes' 4-bit LM head packs its weight as [n, 1] bytes
+        weight = self.lm_head.weight
+        self.vocab_size = getattr(self.lm_head, "out_features", None) or weight.shape[0]
+        self.hidden_size = getattr(self.lm_head, "in_features", None) or weight.shape[1]
+        # the dtype of the model's activations (attention masks are built in it): the LM head's, unless its weight is
+        # stored as integers (a bitsandbytes-quantized LM head), then the input embedding's
+        self.dtype = weight.dtype if weight.dtype.is_floating_point else model.get_input_embeddings().weight.dtype
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.device = self.lm_head.weight.device
         self.num_layers = config.get_text_config(decoder=True).num_hidden_layers
@@ -47,7 +52,7 @@ class TargetModel:
         self.feature_layers: tuple[int, ...] = ()
         self._rows_for, self._rows = None, None  # the LM head restricted to a draft vocabulary (see logits)
         checked = (type(model), id(self.decoder), id(self.lm_head), self._softcap, self._scale, self._divide,
-                   self.lm_head.weight.dtype, self.device)
+                   self.dtype, self.device)
         if _LOGITS_CHECKED.get(model) != checked:
             self._check_logits()
             _LOGITS_CHECKED[model] = checked
@@ -157,6 +162,12 @@ class TargetModel:
         route its few-row products through selfspec's kernel, `few_row_linear.FewRowLinears`). Kept for the last
         vocab_ids seen: slicing 8k rows of a 49k x 576 head per draft token would cost more than the projection."""
         if self._rows_for is not vocab_ids:
+            if not self.lm_head.weight.dtype.is_floating_point:  # (a torchao weight indexes by rows; its dtype is float)
+                raise NotImplementedError(
+                    f"a draft vocabulary reads rows of the LM head, whose weight {type(self.model).__name__} stores "
+                    f"packed as {self.lm_head.weight.dtype} ({type(self.lm_head).__name__}, e.g. bitsandbytes); keep "
+                    "the LM head unquantized (transformers' default for bitsandbytes), or draft over the whole "
+                    "vocabulary (draft_vocab='full')")
             weight = self.lm_head.weight.detach()[vocab_ids]
             bias = getattr(self.lm_head, "bias", None)
             rows = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device="meta")

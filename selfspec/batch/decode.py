@@ -368,7 +368,7 @@ def _forward_block(target, cache: RaggedCache, block_ids: torch.Tensor,
     hidden]) when early exit's drafting already ran the first L layers over this very block (their output): only the
     rest run."""
     n = block_ids.shape[1]
-    mask, positions = cache.block_mask(n, target.lm_head.weight.dtype), cache.block_positions(n)
+    mask, positions = cache.block_mask(n, target.dtype), cache.block_positions(n)
     if prefilled is not None:
         exit_layer, exit_states = prefilled
         drafted = cache.hf_cache.layers[0].get_seq_length() - cache.width

@@ -282,8 +282,10 @@ def weight_share(model, modules=(), extra_weights: int = 0) -> float:
 
 def projection_weights(model, draft_vocab: torch.Tensor | None) -> int:
     """The LM head weights a draft token's logits read: the rows of its draft vocabulary, else all of them."""
-    lm_head = model.get_output_embeddings().weight  # [vocab, hidden]
-    return (lm_head.shape[0] if draft_vocab is None else draft_vocab.numel()) * lm_head.shape[1]
+    lm_head = model.get_output_embeddings()  # [vocab, hidden] (by its sizes: a 4-bit weight is packed)
+    vocab, hidden = (getattr(lm_head, "out_features", None) or lm_head.weight.shape[0],
+                     getattr(lm_head, "in_features", None) or lm_head.weight.shape[1])
+    return (vocab if draft_vocab is None else draft_vocab.numel()) * hidden
 
 
 def load_extra_module(value, model, module_class, what: str):

@@ -47,7 +47,7 @@ class BatchEarlyExitDrafter:
         while True:
             j = len(exit_states)
             exit_states.append(target.exit_forward_block(
-                ids[:, None], cache.hf_cache, exit_layer, cache.block_mask(1, target.lm_head.weight.dtype, j),
+                ids[:, None], cache.hf_cache, exit_layer, cache.block_mask(1, target.dtype, j),
                 cache.block_positions(1, j))[:, 0])
             if not drafting:
                 break

@@ -42,7 +42,7 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
     device = target.device
     ids = torch.cat([torch.tensor([int(pending)], device=device), tree.tokens.to(device)])  # [num_nodes + 1]
     positions = past + tree.position_offsets().to(device)  # [num_nodes + 1]
-    mask = tree_attention_mask(tree, past, target.lm_head.weight.dtype, device)
+    mask = tree_attention_mask(tree, past, target.dtype, device)
     out = target.decoder(
         input_ids=ids[None], attention_mask=mask, position_ids=positions[None], cache=cache.hf_cache, use_cache=True,
         **target.decoder_options,
@@ -73,7 +73,7 @@ def check_tree_support(target: TargetModel) -> None:
     name = type(target.model).__name__
     attn = getattr(target.model.config, "_attn_implementation", None)
     sliding = getattr(target.model.config, "sliding_window", None)
-    checked = (attn, sliding, id(target.decoder), target.lm_head.weight.dtype, target.device)
+    checked = (attn, sliding, id(target.decoder), target.dtype, target.device)
     if _TREE_PROBE_PASSED.get(target.model) == checked:
         return
     _probe_tree_forward(target, name, attn)
