@@ -234,10 +234,32 @@ class FewRowLinears:
 
 def _linear_layers(modules) -> list[torch.nn.Linear]:
     """The plain nn.Linear layers of `modules` (None entries skipped) the kernel can take (input size % 8 == 0),
-    each once."""
-    layers = {id(layer): layer for module in modules if isinstance(module, torch.nn.Module)
-              for layer in module.modules() if type(layer) is torch.nn.Linear and layer.in_features % 8 == 0}
+    each once. A layer whose weight is a tensor subclass (torchao's quantized weights, e.g. Int8Tensor, live inside
+    plain nn.Linear modules) is left to its own forward, said once in a log line: the kernel reads plain float32
+    weights, and the subclass's own F.linear is the function the model computes. (bitsandbytes' Linear8bitLt and
+    Linear4bit are subclasses of nn.Linear, never taken: `type(layer) is torch.nn.Linear`.)"""
+    layers, quantized = {}, {}
+    for module in modules:
+        if not isinstance(module, torch.nn.Module):
+            continue
+        for layer in module.modules():
+            if type(layer) is not torch.nn.Linear or layer.in_features % 8:
+                continue
+            weight = layer._parameters.get("weight")
+            if weight is not None and type(weight) not in (torch.Tensor, torch.nn.Parameter):
+                quantized[id(layer)] = type(weight).__name__
+            else:
+                layers[id(layer)] = layer
+    if quantized:
+        _log_left_alone(len(quantized), tuple(sorted(set(quantized.values()))))
     return list(layers.values())
+
+
+@lru_cache(maxsize=None)
+def _log_left_alone(count: int, kinds: tuple[str, ...]) -> None:
+    logger.info("selfspec: %d linear layers hold %s weights (a tensor subclass, e.g. torchao's quantized weights): "
+                "the few-row kernel leaves them to their own forward (it reads plain float32 weights only)",
+                count, "/".join(kinds))
 
 
 def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows: int = MIN_ROWS):

@@ -222,14 +222,31 @@ def quantized_weights(model: torch.nn.Module) -> list[QuantizedWeight]:
 
 
 def weight_count(module: torch.nn.Module) -> int:
-    """The weights of a module: its parameters' elements plus those its quantized weights stand for."""
-    return sum(p.numel() for p in module.parameters()) + sum(w.numel() for w in quantized_weights(module))
+    """The weights of a module: its parameters' elements plus those its quantized weights stand for (a bitsandbytes
+    4-bit weight packs two in a byte: counted by the shape it stands for; torchao's report theirs)."""
+    return sum(_logical_numel(p) for p in module.parameters()) + sum(w.numel() for w in quantized_weights(module))
+
+
+def _logical_numel(parameter: torch.Tensor) -> int:
+    quant_state = getattr(parameter, "quant_state", None)  # (bitsandbytes' Params4bit: [n, 1] packed bytes)
+    shape = getattr(quant_state, "shape", None)
+    return shape.numel() if isinstance(shape, torch.Size) else parameter.numel()
 
 
 def resident_bytes(model: torch.nn.Module) -> int:
-    """Bytes of a model's parameters and buffers, each tensor's storage once: its weights' memory, quantized or not."""
+    """Bytes of a model's parameters and buffers, each tensor's storage once: its weights' memory, quantized or not
+    (a tensor subclass such as torchao's quantized weights by the plain tensors it holds)."""
     storages = {}
     for tensor in [*model.parameters(), *model.buffers()]:
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        for plain in _plain_tensors(tensor):
+            storage = plain.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
     return sum(storages.values())
+
+
+def _plain_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """A tensor's own data: itself, or for a traceable wrapper subclass (torchao) its inner tensors, recursively."""
+    if type(tensor) in (torch.Tensor, torch.nn.Parameter) or not hasattr(tensor, "__tensor_flatten__"):
+        return [tensor]
+    names, _ = tensor.__tensor_flatten__()
+    return [plain for name in names for plain in _plain_tensors(getattr(tensor, name))]
