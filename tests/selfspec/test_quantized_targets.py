@@ -1,0 +1,239 @@
+"""Targets quantized by torchao or bitsandbytes: greedy output equals that quantized model's own `generate`, token for
+token, for every drafter, chains and trees; the few-row kernel leaves quantized layers to their own forward.
+
+torchao runs on this CPU in float32 (it refuses float64): int8 weight-only products are a float32 GEMM over the
+dequantized int8 rows, so, like a plain float32 nn.Linear, they round differently over different numbers of rows
+(at most a few float32 ulps: one-row and 2-8-row products part from wider ones); int8 dynamic activation products are
+integer and row-independent. The tiny models here have their LM head sharpened (x8, before quantizing), so greedy
+choices have margins far above that rounding and identity is meaningful. bitsandbytes 0.50 runs its 8-bit and 4-bit
+layers on a CPU too; where it is not installed, or has no backend for this device, those tests skip.
+"""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+
+import pytest
+import torch
+
+from selfspec import SelfSpecModel
+from tests.conftest import random_prompt, repetitive_prompt, tiny_model
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
+
+NUM_NEW = 32
+TREE_SIZE = 8
+
+
+def torchao():
+    return pytest.importorskip("torchao", reason="torchao is not installed (pip install -e '.[quantized]')")
+
+
+def bitsandbytes():
+    """bitsandbytes, where it is installed and its 8-bit layers run on a CPU here (0.50 does)."""
+    bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed (pip install -e '.[quantized]')")
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)  # (each float32 product says it casts to float16)
+    try:
+        layer = bnb.nn.Linear8bitLt(16, 8, has_fp16_weights=False).to("cpu")
+        layer(torch.ones(2, 16))
+    except Exception as error:  # noqa: BLE001 (any failure means: no bitsandbytes backend for this device)
+        pytest.skip(f"bitsandbytes {bnb.__version__} does not run on this CPU ({type(error).__name__}: {error}); "
+                    "on a GPU: bash examples/gpu_check.sh")
+    return bnb
+
+
+def sharp_float32_model(seed: int = 0):
+    """A tiny float32 Llama with confident next-token distributions (margins far above float32 rounding)."""
+    model = tiny_model("llama", seed=seed, dtype=torch.float32, hidden=64)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+def torchao_config(name: str):
+    quantization = pytest.importorskip("torchao.quantization")
+    return {"int8-weight-only": quantization.Int8WeightOnlyConfig,
+            "int8-dynamic": quantization.Int8DynamicActivationInt8WeightConfig}[name]()
+
+
+def torchao_model(config: str, lm_head: bool = False):
+    """The sharp tiny Llama with its decoder linears (and with `lm_head`, its LM head) quantized by torchao; built
+    once per module (tests only read it)."""
+    torchao()
+    return _torchao_model(config, lm_head)
+
+
+@lru_cache(maxsize=None)
+def _torchao_model(config: str, lm_head: bool):
+    from torchao.quantization import quantize_
+
+    model = sharp_float32_model()
+    keep = None if lm_head else (lambda module, name: isinstance(module, torch.nn.Linear) and name != "lm_head")
+    quantize_(model, torchao_config(config), filter_fn=keep)
+    return model.eval()
+
+
+PROMPTS = (random_prompt(8, seed=1), repetitive_prompt(20, seed=2), random_prompt(10, seed=3))
+
+
+def drafter_options(model, drafter: str) -> dict:
+    """SelfSpecModel arguments for one drafter kind; heads briefly trained on the model's own greedy continuations
+    (right often, wrong often: accepted and rejected drafts), once per model (chains and trees share them)."""
+    if drafter in ("medusa", "eagle"):
+        return {"heads": _heads(model, drafter), "min_draft_confidence": 0.0}
+    if drafter == "early_exit":
+        return {"drafter": "early_exit", "exit_layer": 1}
+    return {"drafter": drafter}
+
+
+@lru_cache(maxsize=None)
+def reference(model) -> list[torch.Tensor]:
+    """The quantized model's own greedy continuations of PROMPTS (`model.generate(do_sample=False)`)."""
+    return greedy_sequences(model, PROMPTS, NUM_NEW)
+
+
+@lru_cache(maxsize=None)
+def _heads(model, kind: str):
+    if kind == "medusa":
+        return trained_heads(model, greedy_sequences(model, PROMPTS, 40))
+    from tests.selfspec.drafters.test_eagle import trained_head
+
+    return trained_head(model)
+
+
+def assert_greedy_equals_generate(model, spec, what: str, num_draft_tokens=3):
+    stats = []
+    for prompt, expected in zip(PROMPTS, reference(model)):
+        out = spec.generate(prompt, max_new_tokens=NUM_NEW, num_draft_tokens=num_draft_tokens, eos_token_id=[])
+        assert torch.equal(out.sequences[0], expected), f"{what}: greedy tokens part from the model's own generate"
+        stats.append(out.stats)
+    assert_exercised(stats, what=what)
+
+
+CASES = [("ngram", None), ("early_exit", None), ("medusa", None), ("medusa", TREE_SIZE), ("eagle", None),
+         ("eagle", TREE_SIZE)]
+IDS = [f"{drafter}-{'chain' if tree is None else f'tree{tree}'}" for drafter, tree in CASES]
+
+
+@pytest.mark.parametrize("config", ["int8-weight-only", "int8-dynamic"])
+@pytest.mark.parametrize(("drafter", "tree_size"), CASES, ids=IDS)
+def test_torchao_greedy_equals_the_quantized_models_generate(config, drafter, tree_size):
+    model = torchao_model(config)
+    assert type(model.model.layers[0].mlp.down_proj.weight).__name__ == "Int8Tensor"  # (quantized, still nn.Linear)
+    spec = SelfSpecModel(model, tree_size=tree_size, **drafter_options(model, drafter))
+    assert spec.tree_size == (tree_size or 0)
+    assert_greedy_equals_generate(model, spec, f"torchao {config}, {drafter}, tree {tree_size}")
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "early_exit", "none"])
+def test_torchao_with_a_quantized_lm_head(drafter):
+    model = torchao_model("int8-weight-only", lm_head=True)
+    assert type(model.lm_head.weight).__name__ == "Int8Tensor"
+    spec = SelfSpecModel(model, **drafter_options(model, drafter))
+    if drafter == "none":
+        for prompt, expected in zip(PROMPTS, reference(model)):
+            assert torch.equal(spec.generate(prompt, max_new_tokens=NUM_NEW, eos_token_id=[]).sequences[0], expected)
+        return
+    assert_greedy_equals_generate(model, spec, f"torchao LM head, {drafter}")
+
+
+@pytest.mark.xfail(strict=True, raises=IndexError, reason=(
+    "heads/checkpoint.py's lm_head_signature indexes the LM head's weight as weight[rows, cols], which torchao's "
+    "Int8Tensor does not support (its per-row scale is [vocab, 1]); it needs the dequantized rows"))
+@pytest.mark.parametrize("kind", ["medusa", "eagle"])
+def test_heads_for_a_torchao_quantized_lm_head(kind):
+    from heads import EagleHead, MedusaHeads
+
+    model = torchao_model("int8-weight-only", lm_head=True)
+    heads = MedusaHeads.for_model(model, num_heads=3) if kind == "medusa" else EagleHead.for_model(model)
+    spec = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
+    spec.generate(PROMPTS[0], max_new_tokens=8, eos_token_id=[])
+
+
+def test_from_pretrained_passes_a_quantization_config_through(tmp_path):
+    torchao()
+    from transformers import TorchAoConfig
+
+    sharp_float32_model().save_pretrained(tmp_path)
+    spec = SelfSpecModel.from_pretrained(tmp_path, drafter="ngram",
+                                         quantization_config=TorchAoConfig(torchao_config("int8-weight-only")))
+    model = spec.model
+    assert type(model.model.layers[0].self_attn.q_proj.weight).__name__ == "Int8Tensor"
+    assert type(model.lm_head.weight) is torch.nn.Parameter  # transformers keeps the LM head unquantized
+    assert_greedy_equals_generate(model, spec, "from_pretrained with TorchAoConfig")
+
+
+def test_the_few_row_kernel_leaves_torchao_layers_to_their_own_forward(needs_kernel, caplog):
+    from selfspec.kernel import few_row_linear
+    from selfspec.kernel.few_row_linear import FewRowLinears
+
+    model = torchao_model("int8-weight-only")
+    few_row_linear._log_left_alone.cache_clear()
+    with caplog.at_level(logging.INFO, logger=few_row_linear.__name__):
+        linears = FewRowLinears(model)
+        FewRowLinears(model)  # (said once)
+    assert [layer for layer, _ in linears.forwards] == [model.lm_head]  # the one plain float32 layer
+    said = [r.getMessage() for r in caplog.records if "leaves them to their own forward" in r.getMessage()]
+    assert len(said) == 1 and "14 linear layers hold Int8Tensor weights" in said[0]
+    spec = SelfSpecModel(model, drafter="ngram", few_row_kernel="on")
+    assert spec.few_row_kernel
+    assert_greedy_equals_generate(model, spec, "torchao with the few-row kernel on")
+
+
+def test_weight_counts_and_memory_of_torchao_weights():
+    from selfspec.kernel.quantized import resident_bytes, weight_count
+
+    plain = sharp_float32_model()
+    model = torchao_model("int8-weight-only")
+    assert weight_count(model) == weight_count(plain)
+    linear_weights = sum(m.weight.numel() for m in plain.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    # int8 decoder weights: 3 bytes a weight fewer, plus one float32 scale a row
+    assert resident_bytes(plain) - resident_bytes(model) > 2.5 * linear_weights
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sharp-llama")
+    sharp_float32_model().save_pretrained(path)
+    return str(path)
+
+
+def bnb_model(path: str, bits: int, lm_head: bool = False):
+    """The sharp tiny Llama loaded by transformers with bitsandbytes' `bits`-bit linears (and LM head with
+    `lm_head`; transformers keeps it unquantized by default), float32 activations, on the CPU; once per module."""
+    bitsandbytes()
+    return _bnb_model(path, bits, lm_head)
+
+
+@lru_cache(maxsize=None)
+def _bnb_model(path: str, bits: int, lm_head: bool):
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    skip = {"llm_int8_skip_modules": ["no-module-has-this-name"]} if lm_head else {}
+    config = (BitsAndBytesConfig(load_in_8bit=True, **skip) if bits == 8 else
+              BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_compute_dtype=torch.float32, **skip))
+    return AutoModelForCausalLM.from_pretrained(path, quantization_config=config, dtype=torch.float32,
+                                                device_map="cpu").eval()
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize(("drafter", "tree_size"), CASES, ids=IDS)
+def test_bitsandbytes_greedy_equals_the_quantized_models_generate(saved_model, bits, drafter, tree_size):
+    model = bnb_model(saved_model, bits)
+    assert type(model.model.layers[0].mlp.down_proj).__name__ == ("Linear8bitLt" if bits == 8 else "Linear4bit")
+    spec = SelfSpecModel(model, tree_size=tree_size, **drafter_options(model, drafter))
+    assert spec.tree_size == (tree_size or 0)
+    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit, {drafter}, tree {tree_size}")
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_bitsandbytes_with_a_quantized_lm_head(saved_model, bits):
+    from selfspec.drafters.base import projection_weights
+
+    model = bnb_model(saved_model, bits, lm_head=True)
+    assert type(model.lm_head).__name__ == ("Linear8bitLt" if bits == 8 else "Linear4bit")
+    spec = SelfSpecModel(model, drafter="ngram")
+    assert (spec.target.vocab_size, spec.target.hidden_size, spec.target.dtype) == (96, 64, torch.float32)
+    assert projection_weights(model, None) == 96 * 64  # (a 4-bit weight is stored packed, [96 * 64 / 2, 1])
+    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit LM head, ngram")
+    with pytest.raises(NotImplementedError, match="draft vocabulary reads rows of the LM head"):
+        spec.target.lm_head_rows(torch.arange(8))
