@@ -82,3 +82,40 @@ def test_init_of_a_final_state_head_warm_starts_an_eagle3_head_that_trains_and_d
     assert generated.stats.drafted > 0 and generated.stats.accepted > 0, generated.stats
     with pytest.raises(ValueError, match="feature layers"):  # a multi-layer head is not warm-started as another
         recipe_for(settings(model_dir, tmp_path / "x", feature_layers=("1",), **common), 3).load_head(new, model)
+
+
+def test_the_eagle3_layout_trains_with_its_own_lm_head_and_exports_to_the_speculators_format(tmp_path, model_dir,
+                                                                                              texts):
+    """`--eagle-layout eagle3 --feature-layers auto` trains the speculators format's EAGLE-3 (its own LM head over
+    the draft vocabulary too); the result drafts exactly and survives export to that format."""
+    common = dict(kind="eagle", data=(str(texts / "train.txt"),), eval_data=(str(texts / "heldout.txt"),),
+                  eagle_passes=2, lr=1e-2, eagle_layout="eagle3", feature_layers=("auto",), draft_vocab_size=48)
+    out = tmp_path / "eagle3"
+    result = run(settings(model_dir, out, max_steps=20, **common), progress_bar=False)
+    log = json.loads((out / "train_log.json").read_text())
+    assert result["heldout"]["top1"][0] > log["initial_eval"]["heldout"]["top1"][0], (log["initial_eval"], result)
+
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    head = EagleHead.from_pretrained(out, model=model)
+    assert head.config.layout == "eagle3" and head.config.feature_layers == (1, 2) and len(head.draft_vocab) == 48
+    assert torch.equal(head.draft_vocab, head.draft_vocab.sort().values)  # ascending, as the format's d2t holds ids
+    head.save_pretrained(tmp_path / "speculators", format="speculators", model=model)
+    exported = EagleHead.from_pretrained(tmp_path / "speculators", model=model)
+    prompt = random_prompt(6)
+    plain = model.generate(prompt, max_new_tokens=16, do_sample=False)
+    for drafting in (head, exported):
+        generated = SelfSpecModel(model, heads=drafting).generate(prompt, max_new_tokens=16, num_draft_tokens=3)
+        assert torch.equal(generated.sequences, plain)
+        assert generated.stats.drafted > 0, generated.stats
+    with pytest.raises(ValueError, match="'eagle3' head starts fresh"):  # --init of another layout
+        recipe_for(settings(model_dir, tmp_path / "x", **common), 3).load_head(
+            _selfspec_head_dir(model, tmp_path / "plain"), model)
+    with pytest.raises(ValueError, match="pass --feature-layers auto"):
+        settings(model_dir, tmp_path / "y", **{**common, "feature_layers": ()})
+
+
+def _selfspec_head_dir(model, directory):
+    EagleHead.for_model(model).save_pretrained(directory)
+    return directory
