@@ -189,7 +189,8 @@ class EagleModule(nn.Module):
         [0, I] in the "eagle1" layout, whose concatenation puts the embedding first), so an untrained head already
         guesses what a Medusa head at the identity would. layout="eagle1" trains a head vLLM can serve.
         feature_layers: the base's hidden_states indices to fuse with its final state (EAGLE-3), "auto" for
-        `default_feature_layers`; `feature_fc` starts as "take the final state"."""
+        `default_feature_layers`; `feature_fc` starts as "take the final state". layout="eagle3" (the speculators
+        format, needs feature_layers) starts as `start_from_base` says, its draft vocabulary sorted ascending."""
         text_config = model.config.get_text_config(decoder=True)
         raw = text_config.to_dict()
         raw["model_type"] = text_config.model_type
