@@ -154,9 +154,13 @@ class EagleModule(nn.Module):
         self.layer_config = layer_config(config.base_config, config.num_layers)
         layer_class, rotary_class = layer_classes(self.layer_config, model)
         eps = getattr(self.layer_config, "rms_norm_eps", None) or getattr(self.layer_config, "layer_norm_epsilon", 1e-6)
-        self.layers = nn.ModuleList(layer_class(self.layer_config, layer_idx=i) for i in range(config.num_layers))
+        # (modules are built in the order that fixes their random initialisation for a given seed: keep it)
+        def make_layers():
+            return nn.ModuleList(layer_class(self.layer_config, layer_idx=i) for i in range(config.num_layers))
+
         if config.layout == "eagle3":
             # the named layers' states -> h (no norms, no bias); layer 0 reads [embedding; h]; its own LM head
+            self.layers = make_layers()
             self.feature_fc = nn.Linear(len(config.feature_layers) * hidden, hidden, bias=False)
             _widen_first_layer(self.layers[0])
             self.norm = _norm_like(self.layers[0])
@@ -171,6 +175,7 @@ class EagleModule(nn.Module):
                 slots = 1 + len(config.feature_layers)
                 self.slot_norms = nn.ModuleList(nn.RMSNorm(hidden, eps=eps) for _ in range(slots))
                 self.feature_fc = nn.Linear(slots * hidden, hidden, bias=False)
+            self.layers = make_layers()
             if published:
                 _drop_input_norm(self.layers[0])
             self.norm = nn.Identity() if published else nn.RMSNorm(hidden, eps=eps)
