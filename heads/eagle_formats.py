@@ -162,14 +162,20 @@ def add_legacy_rope_keys(config: dict) -> None:
         config["rope_scaling"] = None if rope.get("rope_type", "default") == "default" else rope
 
 
-def check_fits(base: BaseIdentity, model, directory) -> None:
-    """Raise a ValueError naming what differs between the base a head was made for and `model`, and what to do."""
+def size_differences(base: BaseIdentity, model) -> list[str]:
+    """How `model`'s hidden size and vocabulary differ from those of the base a head was made for, one phrase each."""
     ours = BaseIdentity.of(model)
     differences = []
     if base.hidden_size != ours.hidden_size:
         differences.append(f"hidden size {base.hidden_size}, this model {ours.hidden_size}")
     if base.vocab_size != ours.vocab_size:
         differences.append(f"a vocabulary of {base.vocab_size} tokens, this model {ours.vocab_size}")
+    return differences
+
+
+def check_fits(base: BaseIdentity, model, directory) -> None:
+    """Raise a ValueError naming what differs between the base a head was made for and `model`, and what to do."""
+    differences = size_differences(base, model)
     if differences:
         raise ValueError(
             f"the EAGLE head in {directory!r} was made for another base ({'; '.join(differences)}). Load it with the "
@@ -177,11 +183,16 @@ def check_fits(base: BaseIdentity, model, directory) -> None:
         )
 
 
-def check_embedding(embedding: torch.Tensor, model, directory) -> None:
-    """Published heads store the base's embedding: one that differs from `model`'s means another base."""
+def embedding_differs(embedding: torch.Tensor, model) -> bool:
+    """Whether a stored embedding is not `model`'s (published heads and speculators drafts may store the base's)."""
     ours = model.get_input_embeddings().weight.detach()
     theirs = embedding.to(ours.device, ours.dtype)
-    if theirs.shape != ours.shape or not torch.allclose(theirs, ours, rtol=1e-2, atol=1e-3):
+    return theirs.shape != ours.shape or not torch.allclose(theirs, ours, rtol=1e-2, atol=1e-3)
+
+
+def check_embedding(embedding: torch.Tensor, model, directory) -> None:
+    """Published heads store the base's embedding: one that differs from `model`'s means another base."""
+    if embedding_differs(embedding, model):
         raise ValueError(
             f"the EAGLE head in {directory!r} stores an embedding that differs from this model's: it was trained for "
             f"another base of the same shape. Load it with that base, or {TRAIN_ONE}. To force it anyway pass "

@@ -36,7 +36,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, load_state_in_its_dtype
-from heads.eagle_formats import BASE_KEY, add_legacy_rope_keys
+from heads.eagle_formats import BASE_KEY, add_legacy_rope_keys, embedding_differs, size_differences
 from heads.eagle_module import EagleConfig, default_feature_layers
 
 MODEL_TYPE = "eagle3"
@@ -174,12 +174,7 @@ def load_speculators(cls, directory, raw: dict, model=None, check_base: bool = T
 def check_verifier(raw: dict, base: BaseIdentity, aux, model, directory, check_base: bool) -> None:
     """Raise a ValueError naming every way `model` differs from the verifier the draft was made for, and what to do."""
     text_config = model.config.get_text_config(decoder=True)
-    ours = BaseIdentity.of(model)
-    differences = []
-    if base.hidden_size != ours.hidden_size:
-        differences.append(f"hidden size {base.hidden_size}, this model {ours.hidden_size}")
-    if base.vocab_size != ours.vocab_size:
-        differences.append(f"a vocabulary of {base.vocab_size} tokens, this model {ours.vocab_size}")
+    differences = size_differences(base, model)
     num_layers = text_config.num_hidden_layers
     beyond = [l for l in aux or () if not 0 <= l < num_layers]
     if beyond:
@@ -201,9 +196,7 @@ def check_verifier(raw: dict, base: BaseIdentity, aux, model, directory, check_b
 
 def check_embedding(embedding: torch.Tensor, model, directory) -> None:
     """A draft that stores an embedding other than `model`'s was trained for another base of the same shape."""
-    ours = model.get_input_embeddings().weight.detach()
-    theirs = embedding.to(ours.device, ours.dtype)
-    if theirs.shape != ours.shape or not torch.allclose(theirs, ours, rtol=1e-2, atol=1e-3):
+    if embedding_differs(embedding, model):
         raise ValueError(f"the EAGLE-3 draft in {str(directory)!r} stores an embedding that differs from this model's: "
                          f"it was trained for another base of the same shape. Load it with that base, or {TRAIN_ONE}. "
                          "To force it anyway pass check_base=False")

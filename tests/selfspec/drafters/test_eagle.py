@@ -5,9 +5,11 @@ import torch
 
 import selfspec.drafters.base
 import selfspec.engine
+from heads import draft_vocab as draft_vocabulary
 from heads.eagle import EagleHead
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
+from selfspec.target import TargetModel
 from tests.conftest import random_prompt, tiny_model
 from tests.heads.published_eagle import published_config, write_published
 from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue
@@ -17,18 +19,22 @@ from training import head_data
 from training.recipes import EagleRecipe, Teacher
 
 
-def trained_head(model, draft_vocab=None, steps=60, seed=0, layout="selfspec") -> EagleHead:
-    """An EAGLE head trained for a few seconds on the model's own greedy continuations: right often, not always."""
-    from selfspec.target import TargetModel
-
+def trained_head(model, draft_vocab: torch.Tensor | int | None = None, steps=60, seed=0, layout="selfspec",
+                 feature_layers: tuple[int, ...] = ()) -> EagleHead:
+    """An EAGLE head of `layout` reading `feature_layers` beside the final state (EAGLE-3), trained for a few seconds
+    on the model's own greedy continuations: right often, not always. `draft_vocab` an int N: the N tokens most
+    frequent in those continuations (a draft vocabulary they leave at times, which drafts then cannot follow)."""
     torch.manual_seed(seed)
     target = TargetModel(model)
-    vocab = target.vocab_size
-    prompts = torch.randint(3, vocab, (24, 4), generator=torch.Generator().manual_seed(seed))
+    target.set_feature_layers(feature_layers)
+    prompts = torch.randint(3, target.vocab_size, (24, 4), generator=torch.Generator().manual_seed(seed))
     rows = list(head_data.continue_tokens(model, prompts, 28))
+    if isinstance(draft_vocab, int):
+        draft_vocab = draft_vocabulary.most_frequent(rows, target.vocab_size, draft_vocab)
     stream = feature_data.PositionStream(feature_data.compute_records(target, rows, progress=False))
-    head = EagleHead.for_model(model, draft_vocab=draft_vocab, layout=layout)
-    recipe, teacher = EagleRecipe(passes=2), Teacher(target, draft_vocab)
+    head = EagleHead.for_model(model, draft_vocab=draft_vocab, layout=layout, feature_layers=feature_layers)
+    recipe = EagleRecipe(passes=2, layout=layout, feature_layers=feature_layers)
+    teacher = Teacher(target, head.draft_vocab)  # an "eagle3" head holds its draft vocabulary in ascending order
     optimizer = torch.optim.AdamW(head.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(seed)
     for _ in range(steps):
@@ -53,14 +59,7 @@ def test_greedy_eagle_equals_generate(family, num_draft_tokens):
     head = trained_head(model)
     spec = SelfSpecModel(model, heads=head)
     assert spec.drafter.__class__.__name__ == "EagleDrafter"  # chosen from the heads' kind
-    stats = []
-    for seed in range(3):
-        prompt = random_prompt(8, seed=seed)
-        plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
-        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=num_draft_tokens, eos_token_id=[])
-        assert torch.equal(out.sequences, plain), (family, seed)
-        stats.append(out.stats)
-    assert_exercised(stats, what=f"eagle {family} k={num_draft_tokens}")
+    assert_greedy_equals_generate(model, spec, f"eagle {family} k={num_draft_tokens}", num_draft_tokens)
 
 
 def test_greedy_with_a_published_eagle1_head_equals_generate(tmp_path):
@@ -98,15 +97,15 @@ def frequent_tokens(model, size=24) -> torch.Tensor:
     return torch.bincount(greedy_ids, minlength=96).argsort(descending=True)[:size]
 
 
-def assert_greedy_equals_generate(model, spec, what: str) -> None:
-    """Three random prompts, 40 tokens each, 3 drafts a step: spec's greedy output is the model's, with drafts
-    proposed, some accepted and some rejected."""
+def assert_greedy_equals_generate(model, spec, what: str, num_draft_tokens: int = 3) -> None:
+    """Three random prompts, 40 tokens each, `num_draft_tokens` drafts a step: spec's greedy output is the model's,
+    with drafts proposed, some accepted and some rejected."""
     stats = []
     for seed in range(3):
         prompt = random_prompt(8, seed=seed)
         plain = model.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
-        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
-        assert torch.equal(out.sequences, plain)
+        out = spec.generate(prompt, max_new_tokens=40, num_draft_tokens=num_draft_tokens, eos_token_id=[])
+        assert torch.equal(out.sequences, plain), (what, seed)
         stats.append(out.stats)
     assert_exercised(stats, what=what)
 
@@ -244,8 +243,10 @@ VOCAB, NUM_NEW, NUM_SAMPLES = 4, 4, 1500
 PROMPT = torch.tensor([[3, 1, 2, 3, 1]])
 
 
-def randomized_head(model, draft_vocab=None, seed=1):
-    head = EagleHead.for_model(model, draft_vocab=draft_vocab)
+def randomized_head(model, draft_vocab=None, seed=1, layout="selfspec", feature_layers: tuple[int, ...] = ()):
+    """A fresh head of `layout` with every parameter moved at random (a law test's drafts then differ from the model's
+    law), reading `feature_layers` beside the final state."""
+    head = EagleHead.for_model(model, draft_vocab=draft_vocab, layout=layout, feature_layers=feature_layers)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
@@ -253,7 +254,7 @@ def randomized_head(model, draft_vocab=None, seed=1):
     return head.eval()
 
 
-def law_samples(spec, sampling, planted_bug=False):
+def law_samples(spec, sampling, accepts_everything=False, what="eagle law"):
     """Unseeded samples (rejection sampling on torch's global generator, seeded once here)."""
     torch.manual_seed(0)
     samples, stats = [], []
@@ -262,7 +263,7 @@ def law_samples(spec, sampling, planted_bug=False):
                             top_k=sampling.top_k, top_p=sampling.top_p, num_draft_tokens=2, eos_token_id=[])
         samples.append(tuple(out.sequences[0, PROMPT.shape[1]:].tolist()))
         stats.append(out.stats)
-    assert_exercised(stats, rejected=not planted_bug, what="eagle law")  # the planted bug below accepts everything
+    assert_exercised(stats, rejected=not accepts_everything, what=what)  # a planted bug below accepts everything
     return samples
 
 
@@ -292,4 +293,4 @@ def test_the_law_test_catches_misplaced_draft_vocabulary_probabilities(monkeypat
         spec.generate(PROMPT, max_new_tokens=NUM_NEW, do_sample=True, temperature=0.9, num_draft_tokens=2)
     monkeypatch.setattr(selfspec.engine, "check_drafts", lambda drafts, contexts, drafter: None)  # ...the law test too
     law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
-    assert law_pvalue(law_samples(spec, sampling, planted_bug=True), law) < 1e-6
+    assert law_pvalue(law_samples(spec, sampling, accepts_everything=True), law) < 1e-6
