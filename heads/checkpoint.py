@@ -41,7 +41,7 @@ class BaseIdentity:
         config = model.config
         return cls(
             hidden_size=config.hidden_size,
-            vocab_size=model.get_output_embeddings().weight.shape[0],
+            vocab_size=lm_head_shape(model)[0],
             name_or_path=str(getattr(config, "_name_or_path", "") or ""),
             model_type=str(getattr(config, "model_type", "")),
             signature=lm_head_signature(model),
@@ -79,10 +79,49 @@ def load_state_in_its_dtype(module: nn.Module, state: dict[str, torch.Tensor]) -
 
 
 def lm_head_signature(model) -> tuple[float, ...]:
-    weight = model.get_output_embeddings().weight.detach()
-    rows = torch.linspace(0, weight.shape[0] - 1, _SIGNATURE_SIZE).long()
-    cols = torch.linspace(0, weight.shape[1] - 1, _SIGNATURE_SIZE).long().flip(0)
-    return tuple(round(float(v), 6) for v in weight[rows.to(weight.device), cols.to(weight.device)].float())
+    vocab, hidden = lm_head_shape(model)
+    rows = torch.linspace(0, vocab - 1, _SIGNATURE_SIZE).long()
+    cols = torch.linspace(0, hidden - 1, _SIGNATURE_SIZE).long().flip(0)
+    picked = lm_head_weight(model, rows)  # [_SIGNATURE_SIZE, hidden] (a plain weight's: weight[rows, cols] as before)
+    values = picked[torch.arange(_SIGNATURE_SIZE, device=picked.device), cols.to(picked.device)]
+    return tuple(round(float(v), 6) for v in values.float())
+
+
+def lm_head_shape(model) -> tuple[int, int]:
+    """(vocab, hidden) of the model's LM head, from the layer where it says so: bitsandbytes' 4-bit LM head packs its
+    weight as [vocab * hidden / 2, 1] bytes."""
+    lm_head = model.get_output_embeddings()
+    weight = lm_head.weight
+    return (getattr(lm_head, "out_features", None) or weight.shape[0],
+            getattr(lm_head, "in_features", None) or weight.shape[1])
+
+
+def lm_head_weight(model, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """[len(rows), hidden] the LM head's weight rows `rows` ([n] ids; None: all [vocab, hidden]) as a plain dense
+    tensor, detached. A quantized weight gives the values it stands for: a tensor subclass (torchao's Int8Tensor, a
+    GGUF `QuantizedWeight`) indexes its rows, then dequantizes only those; bitsandbytes' packed int8 / 4-bit weight
+    (which has no rows to index) is dequantized whole. A plain weight's values are returned as they are."""
+    lm_head = model.get_output_embeddings()
+    weight = lm_head.weight.detach()
+    if not weight.dtype.is_floating_point:  # bitsandbytes' Int8Params / Params4bit: bytes, with their scales beside
+        from transformers.integrations.bitsandbytes import dequantize_bnb_weight
+
+        vocab, hidden = lm_head_shape(model)
+        weight = dequantize_bnb_weight(lm_head.weight, getattr(lm_head, "state", None)).detach().view(vocab, hidden)
+    picked = weight if rows is None else weight[rows.to(weight.device)]
+    if type(picked) is torch.Tensor:
+        return picked
+    if not callable(getattr(picked, "dequantize", None)):
+        raise TypeError(f"the LM head's weight is a {type(picked).__name__}, which has no dequantize(): selfspec "
+                        "cannot read its values (heads need them to recognise the base and to start from its rows)")
+    return picked.dequantize()
+
+
+def lm_head_dtype(model) -> torch.dtype:
+    """The dtype of the model's activations, which heads follow: the LM head's, unless its weight is stored packed
+    (bitsandbytes: int8 / uint8), then the input embedding's."""
+    weight = model.get_output_embeddings().weight
+    return weight.dtype if weight.dtype.is_floating_point else model.get_input_embeddings().weight.dtype
 
 
 def read_config(directory: str | os.PathLike, what: str) -> dict:
@@ -96,8 +135,7 @@ def read_config(directory: str | os.PathLike, what: str) -> dict:
 
 def place_like(module: nn.Module, model) -> nn.Module:
     """Move a head onto the device and dtype of the model's LM head, in eval mode (heads follow the model)."""
-    weight = model.get_output_embeddings().weight
-    return module.to(device=weight.device, dtype=weight.dtype).eval()
+    return module.to(device=model.get_output_embeddings().weight.device, dtype=lm_head_dtype(model)).eval()
 
 
 def attach(module: nn.Module, model, base: BaseIdentity, what: str, check_identity: bool = True) -> nn.Module:

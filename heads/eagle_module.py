@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from heads.checkpoint import BaseIdentity, attach, load_weights, read_config, save_checkpoint
+from heads.checkpoint import BaseIdentity, attach, lm_head_weight, load_weights, read_config, save_checkpoint
 
 FORMAT_NAME = "selfspec-eagle"
 LAYOUTS = ("selfspec", "eagle1", "eagle3")
@@ -246,8 +246,7 @@ class EagleModule(nn.Module):
         base_norm = getattr(model.get_decoder(), "norm", None)
         if type(base_norm) is type(self.norm) and base_norm.weight.shape == self.norm.weight.shape:
             self.norm.weight.copy_(base_norm.weight)
-        rows = model.get_output_embeddings().weight.detach()
-        self.lm_head.weight.copy_(rows if draft_vocab is None else rows[draft_vocab.to(rows.device)])
+        self.lm_head.weight.copy_(lm_head_weight(model, draft_vocab))  # [N, hidden] (a quantized head's, dequantized)
         if draft_vocab is not None:
             self.draft_vocab.copy_(draft_vocab)
 

@@ -24,7 +24,9 @@ import re
 import torch
 from safetensors.torch import load_file, save_file
 
-from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, load_state_in_its_dtype
+from heads.checkpoint import (
+    CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, lm_head_shape, lm_head_weight, load_state_in_its_dtype,
+)
 
 PUBLISHED_WEIGHTS = ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
 VLLM_MODEL_TYPE = "medusa"
@@ -102,7 +104,7 @@ def save_vllm(heads, directory, model=None) -> None:
             state[f"blocks.{i}.layers.{j}.weight"] = block.linear.weight
             state[f"blocks.{i}.layers.{j}.bias"] = block.linear.bias
     if config.share_lm_head:
-        state["lm_heads.0.weight"] = model.get_output_embeddings().weight
+        state["lm_heads.0.weight"] = lm_head_weight(model)  # (a quantized LM head's values, dequantized)
     else:
         for i, lm_head in enumerate(heads.lm_heads):
             state[f"lm_heads.{i}.weight"] = lm_head.weight
@@ -183,7 +185,7 @@ def _tensor(state: dict[str, torch.Tensor], key: str, directory) -> torch.Tensor
 
 def _vocab_size(model, raw_config: dict, directory) -> int:
     if model is not None:
-        return model.get_output_embeddings().weight.shape[0]
+        return lm_head_shape(model)[0]
     if raw_config.get("vocab_size"):
         return int(raw_config["vocab_size"])
     raise ValueError(

@@ -16,7 +16,8 @@ from torch import nn
 
 from heads.blocks import ResBlock  # noqa: F401  (re-exported)
 from heads.checkpoint import (  # noqa: F401  (BaseIdentity and read_config re-exported for older imports)
-    CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, load_weights, read_config, save_checkpoint,
+    CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, lm_head_dtype, lm_head_weight, load_weights, read_config,
+    save_checkpoint,
 )
 
 FORMAT_NAME = "selfspec-medusa"
@@ -72,11 +73,11 @@ class MedusaHeads(nn.Module):
         heads = cls(MedusaConfig(num_heads, num_layers, share_lm_head, BaseIdentity.of(model), draft_vocab_size))
         if draft_vocab is not None:
             heads.draft_vocab.copy_(draft_vocab)
-        base_lm_head = model.get_output_embeddings()
         if heads.lm_heads is not None:
+            base_rows = lm_head_weight(model)  # [vocab, hidden] (a quantized LM head's, dequantized)
             for lm_head in heads.lm_heads:
-                lm_head.weight.data.copy_(base_lm_head.weight.data)
-        return heads.to(device=base_lm_head.weight.device, dtype=base_lm_head.weight.dtype)
+                lm_head.weight.data.copy_(base_rows)
+        return heads.to(device=model.get_output_embeddings().weight.device, dtype=lm_head_dtype(model))
 
     def hidden_states(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         """[..., hidden] -> [..., num_heads, hidden]: each head's transformed state, before any LM projection."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
 
+from heads.checkpoint import lm_head_shape
 from heads.draft_vocab import full_vocab_probs
 from selfspec.inputs import holds_integers
 from selfspec.sampling import SamplingConfig, draw, keyed_scores, keyed_tokens, logits_to_probs, top_probability
@@ -282,9 +283,7 @@ def weight_share(model, modules=(), extra_weights: int = 0) -> float:
 
 def projection_weights(model, draft_vocab: torch.Tensor | None) -> int:
     """The LM head weights a draft token's logits read: the rows of its draft vocabulary, else all of them."""
-    lm_head = model.get_output_embeddings()  # [vocab, hidden] (by its sizes: a 4-bit weight is packed)
-    vocab, hidden = (getattr(lm_head, "out_features", None) or lm_head.weight.shape[0],
-                     getattr(lm_head, "in_features", None) or lm_head.weight.shape[1])
+    vocab, hidden = lm_head_shape(model)  # (by the layer's sizes: a 4-bit weight is packed)
     return (vocab if draft_vocab is None else draft_vocab.numel()) * hidden
 
 

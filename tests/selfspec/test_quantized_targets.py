@@ -136,17 +136,58 @@ def test_torchao_with_a_quantized_lm_head(drafter):
     assert_greedy_equals_generate(model, spec, f"torchao LM head, {drafter}")
 
 
-@pytest.mark.xfail(strict=True, raises=IndexError, reason=(
-    "heads/checkpoint.py's lm_head_signature indexes the LM head's weight as weight[rows, cols], which torchao's "
-    "Int8Tensor does not support (its per-row scale is [vocab, 1]); it needs the dequantized rows"))
-@pytest.mark.parametrize("kind", ["medusa", "eagle"])
-def test_heads_for_a_torchao_quantized_lm_head(kind):
+def assert_fresh_heads_run(model, kind: str, draft_vocab: torch.Tensor | None = None):
+    """Fresh heads of `kind` built for `model`, on float32 weights, decode the model's own greedy tokens."""
     from heads import EagleHead, MedusaHeads
 
-    model = torchao_model("int8-weight-only", lm_head=True)
-    heads = MedusaHeads.for_model(model, num_heads=3) if kind == "medusa" else EagleHead.for_model(model)
+    if kind == "medusa":
+        heads = MedusaHeads.for_model(model, num_heads=3, share_lm_head=False)  # (own LM heads: copies of the base's)
+    elif kind == "eagle":
+        heads = EagleHead.for_model(model, draft_vocab=draft_vocab)
+    else:  # "eagle3": its own LM head starts as the base's rows of the draft vocabulary
+        heads = EagleHead.for_model(model, draft_vocab=draft_vocab, layout="eagle3", feature_layers="auto")
+    assert {p.dtype for p in heads.parameters()} == {torch.float32}
     spec = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
-    spec.generate(PROMPTS[0], max_new_tokens=8, eos_token_id=[])
+    for prompt, expected in zip(PROMPTS, reference(model)):
+        out = spec.generate(prompt, max_new_tokens=8, eos_token_id=[])
+        assert torch.equal(out.sequences[0], expected[: prompt.shape[-1] + 8]), f"{kind}: tokens part from generate"
+    return heads
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle", "eagle3"])
+def test_heads_for_a_torchao_quantized_lm_head(kind):
+    from heads.checkpoint import BaseIdentity, lm_head_weight
+
+    model = torchao_model("int8-weight-only", lm_head=True)
+    plain = sharp_float32_model()
+    assert type(model.lm_head.weight).__name__ == "Int8Tensor"
+    # the base the heads record is the plain model's up to int8 rounding: heads trained on it attach to this one
+    base = BaseIdentity.of(model)
+    BaseIdentity.of(plain).check_matches(base)
+    assert base.signature != BaseIdentity.of(plain).signature  # (read from the int8 values, not a copy)
+    ids = torch.tensor([0, 7, 95])
+    assert torch.equal(lm_head_weight(model, ids), model.lm_head.weight.dequantize()[ids])
+    heads = assert_fresh_heads_run(model, kind, draft_vocab=torch.arange(0, 96, 2))  # (a draft vocabulary: its rows)
+    if kind == "medusa":
+        assert torch.equal(heads.lm_heads[0].weight, model.lm_head.weight.dequantize())
+
+
+@pytest.mark.parametrize("kind", ["medusa", "eagle3"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_heads_for_a_bitsandbytes_quantized_lm_head(saved_model, bits, kind):
+    """Heads read the vocabulary size from the layer (a 4-bit weight is packed [vocab * hidden / 2, 1]) and the
+    dequantized weight; a draft vocabulary through the base's LM head is refused (`test_bitsandbytes_with_a_...`)."""
+    from heads.checkpoint import BaseIdentity, lm_head_weight
+
+    model = bnb_model(saved_model, bits, lm_head=True)
+    base = BaseIdentity.of(model)
+    assert (base.vocab_size, base.hidden_size) == (96, 64)
+    plain = sharp_float32_model()
+    assert (lm_head_weight(model) - plain.lm_head.weight).abs().max() < (0.01 if bits == 8 else 0.2)
+    if bits == 8:  # (4-bit rounding is coarser than the base check's tolerance: the plain model's heads need
+        # check_base=False there)
+        BaseIdentity.of(plain).check_matches(base)
+    assert_fresh_heads_run(model, kind, draft_vocab=torch.arange(0, 96, 2) if kind == "eagle3" else None)
 
 
 def test_from_pretrained_passes_a_quantization_config_through(tmp_path):
