@@ -4,9 +4,12 @@ token, for every drafter, chains and trees; the few-row kernel leaves quantized 
 torchao runs on this CPU in float32 (it refuses float64): int8 weight-only products are a float32 GEMM over the
 dequantized int8 rows, so, like a plain float32 nn.Linear, they round differently over different numbers of rows
 (at most a few float32 ulps: one-row and 2-8-row products part from wider ones); int8 dynamic activation products are
-integer and row-independent. The tiny models here have their LM head sharpened (x8, before quantizing), so greedy
-choices have margins far above that rounding and identity is meaningful. bitsandbytes 0.50 runs its 8-bit and 4-bit
-layers on a CPU too; where it is not installed, or has no backend for this device, those tests skip.
+integer and row-independent, but their inputs come from float32 attention, which rounds differently over different
+numbers of rows, and quantizing an activation can turn an ulp into a whole int8 step. The tiny models here have their
+LM head sharpened (x8, before quantizing), so greedy choices mostly have margins far above that rounding and identity
+is meaningful; where the model's own choice is a near-tie for its kind of rounding, either token is the model's, so
+tokens are compared up to the first one. bitsandbytes 0.50 runs its 8-bit and 4-bit layers on a CPU too; where it is not
+installed, or has no backend for this device, those tests skip.
 """
 from __future__ import annotations
 
@@ -22,6 +25,13 @@ from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained
 
 NUM_NEW = 32
 TREE_SIZE = 8
+# Top-2 logit gaps, relative to the largest logit, under which a forward over other rows may round to the other greedy
+# choice: float32 products (weight-only int8, bitsandbytes 4-bit) part by a few ulps; products over quantized
+# activations (torchao int8 dynamic, bitsandbytes 8-bit) by up to an int8 step. Measured on these references: one step
+# (int8 dynamic, the repetitive prompt, step 12) at 1.7e-4 flipped under an EAGLE tree; the smallest gaps of the other
+# activation-quantizing models are above 3.4e-3, of the float32 ones above 8e-5.
+FLOAT32_NEAR_TIE = 1e-5
+INT8_ACTIVATIONS_NEAR_TIE = 1e-3
 
 
 def torchao():
@@ -92,6 +102,20 @@ def reference(model) -> list[torch.Tensor]:
 
 
 @lru_cache(maxsize=None)
+def steps_before_near_tie(model, near_tie: float) -> list[int]:
+    """For each reference, its new tokens before the first that the model chose by a relative top-2 gap under
+    `near_tie`; NUM_NEW where none was. Beyond it, another forward's rounding may rightly choose the runner-up."""
+    counts = []
+    for prompt, sequence in zip(PROMPTS, reference(model)):
+        with torch.no_grad():
+            logits = model(sequence[None, :-1]).logits[0, prompt.shape[-1] - 1 :].float()  # [NUM_NEW, vocab]
+        top2 = logits.topk(2, dim=-1).values
+        near = (top2[:, 0] - top2[:, 1] < near_tie * logits.abs().amax(dim=-1)).nonzero()
+        counts.append(int(near[0, 0]) if near.numel() else NUM_NEW)
+    return counts
+
+
+@lru_cache(maxsize=None)
 def _heads(model, kind: str):
     if kind == "medusa":
         return trained_heads(model, greedy_sequences(model, PROMPTS, 40))
@@ -100,11 +124,14 @@ def _heads(model, kind: str):
     return trained_head(model)
 
 
-def assert_greedy_equals_generate(model, spec, what: str, num_draft_tokens=3):
+def assert_greedy_equals_generate(model, spec, what: str, num_draft_tokens=3, near_tie: float = FLOAT32_NEAR_TIE):
     stats = []
-    for prompt, expected in zip(PROMPTS, reference(model)):
+    for prompt, expected, steps in zip(PROMPTS, reference(model), steps_before_near_tie(model, near_tie)):
+        assert steps >= 8, f"{what}: the model's own choice is a near-tie at step {steps}, too early to compare"
         out = spec.generate(prompt, max_new_tokens=NUM_NEW, num_draft_tokens=num_draft_tokens, eos_token_id=[])
-        assert torch.equal(out.sequences[0], expected), f"{what}: greedy tokens part from the model's own generate"
+        end = prompt.shape[-1] + steps
+        assert torch.equal(out.sequences[0][:end], expected[:end]), \
+            f"{what}: greedy tokens part from the model's own generate"
         stats.append(out.stats)
     assert_exercised(stats, what=what)
 
@@ -121,7 +148,8 @@ def test_torchao_greedy_equals_the_quantized_models_generate(config, drafter, tr
     assert type(model.model.layers[0].mlp.down_proj.weight).__name__ == "Int8Tensor"  # (quantized, still nn.Linear)
     spec = SelfSpecModel(model, tree_size=tree_size, **drafter_options(model, drafter))
     assert spec.tree_size == (tree_size or 0)
-    assert_greedy_equals_generate(model, spec, f"torchao {config}, {drafter}, tree {tree_size}")
+    near_tie = INT8_ACTIVATIONS_NEAR_TIE if config == "int8-dynamic" else FLOAT32_NEAR_TIE
+    assert_greedy_equals_generate(model, spec, f"torchao {config}, {drafter}, tree {tree_size}", near_tie=near_tie)
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "early_exit", "none"])
@@ -263,7 +291,8 @@ def test_bitsandbytes_greedy_equals_the_quantized_models_generate(saved_model, b
     assert type(model.model.layers[0].mlp.down_proj).__name__ == ("Linear8bitLt" if bits == 8 else "Linear4bit")
     spec = SelfSpecModel(model, tree_size=tree_size, **drafter_options(model, drafter))
     assert spec.tree_size == (tree_size or 0)
-    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit, {drafter}, tree {tree_size}")
+    near_tie = INT8_ACTIVATIONS_NEAR_TIE if bits == 8 else FLOAT32_NEAR_TIE
+    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit, {drafter}, tree {tree_size}", near_tie=near_tie)
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -275,6 +304,7 @@ def test_bitsandbytes_with_a_quantized_lm_head(saved_model, bits):
     spec = SelfSpecModel(model, drafter="ngram")
     assert (spec.target.vocab_size, spec.target.hidden_size, spec.target.dtype) == (96, 64, torch.float32)
     assert projection_weights(model, None) == 96 * 64  # (a 4-bit weight is stored packed, [96 * 64 / 2, 1])
-    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit LM head, ngram")
+    near_tie = INT8_ACTIVATIONS_NEAR_TIE if bits == 8 else FLOAT32_NEAR_TIE
+    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit LM head, ngram", near_tie=near_tie)
     with pytest.raises(NotImplementedError, match="draft vocabulary reads rows of the LM head"):
         spec.target.lm_head_rows(torch.arange(8))
