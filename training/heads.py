@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from heads import draft_vocab as draft_vocabulary
+from selfspec.kernel.quantized import weight_count
 from training import features as feature_data
 from training import head_data
 from training.head_settings import KINDS, HeadSettings, parse_args  # noqa: F401  (the command line's schema)
@@ -157,7 +158,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
         draft_vocab = getattr(head, "draft_vocab", draft_vocab)  # in the head's order ("eagle3" sorts its ids)
     teacher = Teacher(target, draft_vocab)
     num_params = sum(p.numel() for p in head.parameters())
-    base_params = sum(p.numel() for p in model.parameters())
+    base_params = weight_count(model)  # weights kept as GGUF blocks are buffers, not parameters: counted too
     log = {
         "settings": dataclasses.asdict(settings),
         "head_parameters": num_params,
