@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -327,7 +328,15 @@ def _as_prompt(text: str, chat: bool):
     return [{"role": "user", "content": text}] if chat else text
 
 
+# Loggers of packages that `transformers` may import while loading a model, whose import-time warnings say nothing
+# about this run (torchao's prebuilt extensions for another Python, torch's notes on its pytree registry): on stderr
+# they would bury the one summary line.
+QUIET_LOGGERS = ("torchao", "torch.utils._pytree")
+
+
 def _generate(args) -> int:
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     texts = _read_prompts(args.prompts_file) if args.prompts_file is not None else None
     text = _read_prompt(args) if texts is None else None
     sampling = _sampling(args)
