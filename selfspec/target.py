@@ -10,6 +10,7 @@ import weakref
 
 import torch
 
+from heads.checkpoint import lm_head_dtype, lm_head_shape
 from selfspec.cache import KVCache
 from selfspec.model_parts import ModelParts
 
@@ -37,13 +38,10 @@ class TargetModel:
         self._softcap = getattr(config, "final_logit_softcapping", None)
         self._scale = getattr(config, "logit_scale", None)
         self._divide = getattr(config, "logits_scaling", None)
-        # [vocab, hidden] from the layer where it says so: bitsandbytes' 4-bit LM head packs its weight as [n, 1] bytes
-        weight = self.lm_head.weight
-        self.vocab_size = getattr(self.lm_head, "out_features", None) or weight.shape[0]
-        self.hidden_size = getattr(self.lm_head, "in_features", None) or weight.shape[1]
-        # the dtype of the model's activations (attention masks are built in it): the LM head's, unless its weight is
-        # stored as integers (a bitsandbytes-quantized LM head), then the input embedding's
-        self.dtype = weight.dtype if weight.dtype.is_floating_point else model.get_input_embeddings().weight.dtype
+        # [vocab, hidden] from the layer where it says so (bitsandbytes' 4-bit LM head packs its weight as [n, 1]
+        # bytes), and the activations' dtype (attention masks are built in it), not a packed weight's
+        self.vocab_size, self.hidden_size = lm_head_shape(model)
+        self.dtype = lm_head_dtype(model)
         self.max_positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
         self.device = self.lm_head.weight.device
         self.num_layers = config.get_text_config(decoder=True).num_hidden_layers

@@ -17,23 +17,26 @@ TEMPERATURE = 1.0  # the model's own law: lower temperatures repeat a few openin
 TOP_P = 0.95  # cuts the tail that turns a user request into noise
 
 
-def user_turn_prefix(tokenizer) -> list[int]:
-    """The ids a user turn's text follows in the tokenizer's chat template (the default system turn included)."""
+def _around_user_text(tokenizer) -> tuple[str, str]:
+    """The tokenizer's chat template rendered around one user turn: (text before the user's text, text after it)."""
     marker = "\u2063MARK\u2063"
     text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
                                          add_generation_prompt=False)
     if marker not in text:
         raise ValueError("the chat template does not place the user's text verbatim: it cannot write user turns")
-    return tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
+    before, after = text.split(marker, 1)
+    return before, after
+
+
+def user_turn_prefix(tokenizer) -> list[int]:
+    """The ids a user turn's text follows in the tokenizer's chat template (the default system turn included)."""
+    return tokenizer(_around_user_text(tokenizer)[0], add_special_tokens=False)["input_ids"]
 
 
 def end_of_turn_ids(tokenizer, model) -> list[int]:
     """Token ids that close a user turn: the first token the template puts after the user's text (<|im_end|>,
     <|eot_id|>, ...) and the model's EOS."""
-    marker = "\u2063MARK\u2063"
-    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
-                                         add_generation_prompt=False)
-    after = tokenizer(text[text.index(marker) + len(marker):], add_special_tokens=False)["input_ids"]
+    after = tokenizer(_around_user_text(tokenizer)[1], add_special_tokens=False)["input_ids"]
     eos = model.generation_config.eos_token_id
     ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     return sorted(ids | set(after[:1]))
