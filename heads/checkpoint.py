@@ -107,7 +107,11 @@ def lm_head_weight(model, rows: torch.Tensor | None = None) -> torch.Tensor:
         from transformers.integrations.bitsandbytes import dequantize_bnb_weight
 
         vocab, hidden = lm_head_shape(model)
-        weight = dequantize_bnb_weight(lm_head.weight, getattr(lm_head, "state", None)).detach().view(vocab, hidden)
+        state = getattr(lm_head.weight, "quant_state", None)
+        if getattr(state, "packing_format_for_cpu", False):
+            weight = _bnb_cpu_packed_4bit(weight, state, vocab, hidden)
+        else:
+            weight = dequantize_bnb_weight(lm_head.weight, getattr(lm_head, "state", None)).detach().view(vocab, hidden)
     picked = weight if rows is None else weight[rows.to(weight.device)]
     if type(picked) is torch.Tensor:
         return picked
@@ -115,6 +119,20 @@ def lm_head_weight(model, rows: torch.Tensor | None = None) -> torch.Tensor:
         raise TypeError(f"the LM head's weight is a {type(picked).__name__}, which has no dequantize(): selfspec "
                         "cannot read its values (heads need them to recognise the base and to start from its rows)")
     return picked.dequantize()
+
+
+def _bnb_cpu_packed_4bit(packed: torch.Tensor, state, rows: int, cols: int) -> torch.Tensor:
+    """[rows, cols] float32 values of a bitsandbytes 4-bit weight in its CPU layout. On a CPU with AVX512-BF16,
+    bitsandbytes (0.50) repacks a Linear4bit's weight at its first forward for its bfloat16 kernel: [rows, cols / 2]
+    bytes, each group of 32 bytes holding a 32-row x 2-column tile (low nibbles the first 32 of the tile's 64 codes in
+    (row, column) order, high nibbles the rest), and bfloat16 block scales stored [cols / blocksize, rows]. transformers'
+    dequantizer reads that as the plain layout and returns garbage, so it is decoded here, without changing the layer."""
+    tile = 32
+    codes = packed.reshape(-1, tile)
+    codes = torch.cat([codes & 0xF, codes >> 4], dim=-1)  # [rows / 32 * cols / 2, 64] in (row, column) order
+    codes = codes.reshape(rows // tile, cols // 2, tile, 2).transpose(1, 2).reshape(rows, cols).long()
+    scales = state.absmax.float().T.repeat_interleave(state.blocksize, dim=1)  # [rows, cols]
+    return state.code.float().to(codes.device)[codes] * scales
 
 
 def lm_head_dtype(model) -> torch.dtype:

@@ -10,6 +10,12 @@ LM head sharpened (x8, before quantizing), so greedy choices mostly have margins
 is meaningful; where the model's own choice is a near-tie for its kind of rounding, either token is the model's, so
 tokens are compared up to the first one. bitsandbytes 0.50 runs its 8-bit and 4-bit layers on a CPU too; where it is not
 installed, or has no backend for this device, those tests skip.
+
+bitsandbytes' 4-bit CPU path depends on the CPU (this is why those tests say which path they ran): on a CPU with
+AVX512-BF16 a Linear4bit repacks its weight at its first forward and multiplies in bfloat16 (activations, block scales
+and output), elsewhere it dequantizes to float32. The tolerances below follow the path taken (`bnb_4bit_products`):
+bfloat16 products make near-ties far more common, so the greedy comparisons pick, from a pool of prompts, those whose
+reference has no near-tie in its first steps.
 """
 from __future__ import annotations
 
@@ -32,6 +38,8 @@ TREE_SIZE = 8
 # activation-quantizing models are above 3.4e-3, of the float32 ones above 8e-5.
 FLOAT32_NEAR_TIE = 1e-5
 INT8_ACTIVATIONS_NEAR_TIE = 1e-3
+# bfloat16 products (bitsandbytes 4-bit on an AVX512-BF16 CPU): an output rounds to 2^-8 of itself, an activation too.
+BFLOAT16_NEAR_TIE = 2e-2
 
 
 def torchao():
@@ -83,6 +91,9 @@ def _torchao_model(config: str, lm_head: bool):
 
 
 PROMPTS = (random_prompt(8, seed=1), repetitive_prompt(20, seed=2), random_prompt(10, seed=3))
+# where the model's own choices come by near-ties too early in a prompt of PROMPTS, the comparison takes the next of these
+SPARE_PROMPTS = tuple(random_prompt(6 + i, seed=10 + i) for i in range(6)) + (repetitive_prompt(16, seed=20),)
+MIN_STEPS = 8  # tokens a prompt's comparison needs before the model's first near-tie
 
 
 def drafter_options(model, drafter: str) -> dict:
@@ -96,17 +107,30 @@ def drafter_options(model, drafter: str) -> dict:
 
 
 @lru_cache(maxsize=None)
-def reference(model) -> list[torch.Tensor]:
-    """The quantized model's own greedy continuations of PROMPTS (`model.generate(do_sample=False)`)."""
-    return greedy_sequences(model, PROMPTS, NUM_NEW)
+def reference(model, prompts: tuple = PROMPTS) -> list[torch.Tensor]:
+    """The quantized model's own greedy continuations of `prompts` (`model.generate(do_sample=False)`)."""
+    return greedy_sequences(model, prompts, NUM_NEW)
 
 
 @lru_cache(maxsize=None)
-def steps_before_near_tie(model, near_tie: float) -> list[int]:
+def compared_prompts(model, near_tie: float) -> list[tuple[torch.Tensor, torch.Tensor, int]]:
+    """(prompt, the model's greedy reference, steps to compare) for three prompts whose references have at least
+    MIN_STEPS tokens before a near-tie: PROMPTS where they do (always, for float32 and int8 products here), else the
+    next of SPARE_PROMPTS."""
+    pool = PROMPTS + SPARE_PROMPTS
+    chosen = [(prompt, sequence, steps) for prompt, sequence, steps
+              in zip(pool, reference(model, pool), steps_before_near_tie(model, near_tie, pool)) if steps >= MIN_STEPS]
+    assert len(chosen) >= 3, (f"only {len(chosen)} of {len(pool)} prompts have {MIN_STEPS} greedy tokens before a "
+                              f"near-tie (relative top-2 gap under {near_tie}): too few to compare")
+    return chosen[:3]
+
+
+@lru_cache(maxsize=None)
+def steps_before_near_tie(model, near_tie: float, prompts: tuple = PROMPTS) -> list[int]:
     """For each reference, its new tokens before the first that the model chose by a relative top-2 gap under
     `near_tie`; NUM_NEW where none was. Beyond it, another forward's rounding may rightly choose the runner-up."""
     counts = []
-    for prompt, sequence in zip(PROMPTS, reference(model)):
+    for prompt, sequence in zip(prompts, reference(model, prompts)):
         with torch.no_grad():
             logits = model(sequence[None, :-1]).logits[0, prompt.shape[-1] - 1 :].float()  # [NUM_NEW, vocab]
         top2 = logits.topk(2, dim=-1).values
@@ -126,8 +150,7 @@ def _heads(model, kind: str):
 
 def assert_greedy_equals_generate(model, spec, what: str, num_draft_tokens=3, near_tie: float = FLOAT32_NEAR_TIE):
     stats = []
-    for prompt, expected, steps in zip(PROMPTS, reference(model), steps_before_near_tie(model, near_tie)):
-        assert steps >= 8, f"{what}: the model's own choice is a near-tie at step {steps}, too early to compare"
+    for prompt, expected, steps in compared_prompts(model, near_tie):
         out = spec.generate(prompt, max_new_tokens=NUM_NEW, num_draft_tokens=num_draft_tokens, eos_token_id=[])
         end = prompt.shape[-1] + steps
         assert torch.equal(out.sequences[0][:end], expected[:end]), \
@@ -164,7 +187,7 @@ def test_torchao_with_a_quantized_lm_head(drafter):
     assert_greedy_equals_generate(model, spec, f"torchao LM head, {drafter}")
 
 
-def assert_fresh_heads_run(model, kind: str, draft_vocab: torch.Tensor | None = None):
+def assert_fresh_heads_run(model, kind: str, draft_vocab: torch.Tensor | None = None, near_tie: float = FLOAT32_NEAR_TIE):
     """Fresh heads of `kind` built for `model`, on float32 weights, decode the model's own greedy tokens."""
     from heads import EagleHead, MedusaHeads
 
@@ -176,9 +199,10 @@ def assert_fresh_heads_run(model, kind: str, draft_vocab: torch.Tensor | None = 
         heads = EagleHead.for_model(model, draft_vocab=draft_vocab, layout="eagle3", feature_layers="auto")
     assert {p.dtype for p in heads.parameters()} == {torch.float32}
     spec = SelfSpecModel(model, heads=heads, min_draft_confidence=0.0)
-    for prompt, expected in zip(PROMPTS, reference(model)):
-        out = spec.generate(prompt, max_new_tokens=8, eos_token_id=[])
-        assert torch.equal(out.sequences[0], expected[: prompt.shape[-1] + 8]), f"{kind}: tokens part from generate"
+    for prompt, expected, _ in compared_prompts(model, near_tie):
+        out = spec.generate(prompt, max_new_tokens=MIN_STEPS, eos_token_id=[])
+        end = prompt.shape[-1] + MIN_STEPS
+        assert torch.equal(out.sequences[0], expected[:end]), f"{kind}: tokens part from generate"
     return heads
 
 
@@ -208,14 +232,42 @@ def test_heads_for_a_bitsandbytes_quantized_lm_head(saved_model, bits, kind):
     from heads.checkpoint import BaseIdentity, lm_head_weight
 
     model = bnb_model(saved_model, bits, lm_head=True)
+    model(torch.tensor([[1, 2, 3]]))  # (a first forward: where bitsandbytes repacks 4-bit weights, it does so now)
     base = BaseIdentity.of(model)
     assert (base.vocab_size, base.hidden_size) == (96, 64)
     plain = sharp_float32_model()
-    assert (lm_head_weight(model) - plain.lm_head.weight).abs().max() < (0.01 if bits == 8 else 0.2)
+    error = (lm_head_weight(model) - plain.lm_head.weight).abs()
     if bits == 8:  # (4-bit rounding is coarser than the base check's tolerance: the plain model's heads need
         # check_base=False there)
+        assert error.max() < 0.01
         BaseIdentity.of(plain).check_matches(base)
-    assert_fresh_heads_run(model, kind, draft_vocab=torch.arange(0, 96, 2) if kind == "eagle3" else None)
+    else:
+        assert (error <= bnb_4bit_error_bound(plain.lm_head.weight, model.lm_head.weight.quant_state)).all()
+    assert_fresh_heads_run(model, kind, draft_vocab=torch.arange(0, 96, 2) if kind == "eagle3" else None,
+                           near_tie=bnb_near_tie(model, bits))
+
+
+def bnb_4bit_error_bound(weight: torch.Tensor, state) -> torch.Tensor:
+    """[rows, cols] the most a 4-bit value of `weight` can be off: half the widest gap of the code table, times its
+    block's absolute maximum, plus the block scale's rounding where the CPU path keeps it in bfloat16."""
+    code = state.code.float().sort().values
+    half_gap = float((code[1:] - code[:-1]).max()) / 2
+    blocks = weight.detach().reshape(-1, state.blocksize).abs().amax(dim=-1, keepdim=True)  # [blocks, 1]
+    scale_rounding = 2.0 ** -8 if getattr(state, "packing_format_for_cpu", False) else 1e-6
+    return (blocks * (half_gap + scale_rounding) + 1e-6).expand(-1, state.blocksize).reshape(weight.shape)
+
+
+def bnb_4bit_products(model) -> torch.dtype:
+    """The dtype bitsandbytes' 4-bit layers of `model` multiply in on this CPU: bfloat16 where it has AVX512-BF16 (the
+    layers repack their weights for that kernel), float32 elsewhere. CPU-dependent by bitsandbytes' design."""
+    layers = [m for m in model.modules() if type(m).__name__ == "Linear4bit"]
+    return torch.bfloat16 if any(getattr(m, "support_avx512bf16_for_cpu", False) for m in layers) else torch.float32
+
+
+def bnb_near_tie(model, bits: int) -> float:
+    if bits == 8:
+        return INT8_ACTIVATIONS_NEAR_TIE
+    return BFLOAT16_NEAR_TIE if bnb_4bit_products(model) == torch.bfloat16 else FLOAT32_NEAR_TIE
 
 
 def test_from_pretrained_passes_a_quantization_config_through(tmp_path):
@@ -291,8 +343,8 @@ def test_bitsandbytes_greedy_equals_the_quantized_models_generate(saved_model, b
     assert type(model.model.layers[0].mlp.down_proj).__name__ == ("Linear8bitLt" if bits == 8 else "Linear4bit")
     spec = SelfSpecModel(model, tree_size=tree_size, **drafter_options(model, drafter))
     assert spec.tree_size == (tree_size or 0)
-    near_tie = INT8_ACTIVATIONS_NEAR_TIE if bits == 8 else FLOAT32_NEAR_TIE
-    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit, {drafter}, tree {tree_size}", near_tie=near_tie)
+    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit ({bnb_4bit_products(model)} products), "
+                                  f"{drafter}, tree {tree_size}", near_tie=bnb_near_tie(model, bits))
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -304,7 +356,47 @@ def test_bitsandbytes_with_a_quantized_lm_head(saved_model, bits):
     spec = SelfSpecModel(model, drafter="ngram")
     assert (spec.target.vocab_size, spec.target.hidden_size, spec.target.dtype) == (96, 64, torch.float32)
     assert projection_weights(model, None) == 96 * 64  # (a 4-bit weight is stored packed, [96 * 64 / 2, 1])
-    near_tie = INT8_ACTIVATIONS_NEAR_TIE if bits == 8 else FLOAT32_NEAR_TIE
-    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit LM head, ngram", near_tie=near_tie)
+    assert_greedy_equals_generate(model, spec, f"bitsandbytes {bits}-bit LM head ({bnb_4bit_products(model)} products), "
+                                  "ngram", near_tie=bnb_near_tie(model, bits))
     with pytest.raises(NotImplementedError, match="draft vocabulary reads rows of the LM head"):
         spec.target.lm_head_rows(torch.arange(8))
+
+
+@pytest.mark.parametrize("quant_type", ["fp4", "nf4"])
+def test_lm_head_weight_reads_bitsandbytes_cpu_packed_4bit_weights(quant_type):
+    """On an AVX512-BF16 CPU a 4-bit LM head is repacked at its first forward (bitsandbytes' CPU layout); its values
+    read the same as before the repacking, up to the bfloat16 block scales. The repacking itself is plain torch, so
+    this runs on every CPU (the repacking in a model's forward only happens on AVX512-BF16 ones)."""
+    bitsandbytes()
+    import copy
+
+    import bitsandbytes.functional as bnb_functional
+
+    from heads.checkpoint import _bnb_cpu_packed_4bit
+
+    repack = getattr(bnb_functional, "_convert_weight_packed_for_cpu", None)
+    if repack is None:
+        pytest.skip("this bitsandbytes has no CPU repacking of 4-bit weights")
+    weight = sharp_float32_model().lm_head.weight.detach()  # [96, 64]
+    codes, state = bnb_functional.quantize_4bit(weight, quant_type=quant_type, blocksize=64)
+    plain = bnb_functional.dequantize_4bit(codes, state)
+    packed, packed_state = repack(codes.clone(), copy.deepcopy(state))
+    assert packed_state.packing_format_for_cpu and packed.shape == (96, 32)
+    read = _bnb_cpu_packed_4bit(packed, packed_state, 96, 64)
+    assert ((read - plain).abs() <= plain.abs() * 2.0 ** -8 + 1e-7).all()
+    assert (read - plain).abs().max() > 0  # (the block scales did round: bfloat16, not a copy of the plain values)
+    assert (read - weight).abs().max() < (plain - weight).abs().max() + 0.05
+
+
+def test_bitsandbytes_4bit_float32_path_on_every_cpu(saved_model):
+    """The float32 4-bit path, which AVX512-BF16 CPUs skip by default, turned on here so every CPU runs it: the LM head
+    and the decoder dequantize to float32, and greedy speculation equals that model's generate."""
+    bnb_model(saved_model, 4)  # (skips where bitsandbytes does not run)
+    model = _bnb_model.__wrapped__(saved_model, 4, True)  # (a model of its own: its layers are changed below)
+    for layer in model.modules():
+        if type(layer).__name__ == "Linear4bit":
+            layer.support_avx512bf16_for_cpu = False
+    assert bnb_4bit_products(model) == torch.float32
+    spec = SelfSpecModel(model, drafter="ngram")
+    assert_greedy_equals_generate(model, spec, "bitsandbytes 4-bit, float32 products, ngram", near_tie=FLOAT32_NEAR_TIE)
+    assert not getattr(model.lm_head.weight.quant_state, "packing_format_for_cpu", False)
