@@ -31,3 +31,12 @@ def test_the_classmethods_the_readme_calls_exist():
     called = set(re.findall(r"\b(SelfSpecModel|EagleHead|MedusaHeads)\.(\w+)\(", text))
     assert ("SelfSpecModel", "from_pretrained") in called
     assert not [f"{name}.{attribute}" for name, attribute in called if not hasattr(classes[name], attribute)]
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    root = README.parent
+    command = next(line for line in README.read_text().splitlines() if "python -m pytest tests" in line)
+    assert "-c constraints.txt" in command  # (CI installs the versions the suite last passed with)
+    assert command in (root / ".ci" / "run").read_text()
+    pinned = [line for line in (root / "constraints.txt").read_text().splitlines() if line and line[0] != "#"]
+    assert all("==" in line for line in pinned) and any(line.startswith("transformers==") for line in pinned)
