@@ -410,15 +410,22 @@ def _library(path: Path) -> ctypes.CDLL:
 
 
 def _build(compiler: str, isa_flags: list[str]) -> Path:
+    """The cached library for these flags, built (again) unless its checksum file vouches for it: a truncated .so
+    (a full disk, an interrupted copy) kills the process that loads it with SIGBUS, in every later run too."""
     source, flags = SOURCE.read_bytes(), [*FLAGS, *isa_flags]
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"
+    checksum = library.with_name(library.name + ".sha256")
     failed = library.with_suffix(".failed")  # a build that failed here: not retried by every process (OpenMP missing)
-    if library.exists():
+    if _intact(library, checksum):
         return library
     if failed.exists():
         raise OSError(f"{failed.read_text().strip()} (as {compiler} failed before; remove {failed} to try again)")
+    if library.exists():  # replaced below, not deleted first: a process building it now may be about to load it
+        logger.warning("selfspec: the cached kernel %s has no checksum or does not match it (a truncated file?); "
+                       "rebuilding it", library)
     library.parent.mkdir(parents=True, exist_ok=True)
+    # a scratch directory of this process's own: builders running at once never write each other's files
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
         result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
@@ -428,5 +435,19 @@ def _build(compiler: str, isa_flags: list[str]) -> Path:
             (Path(scratch) / failed.name).write_text(error)
             os.replace(Path(scratch) / failed.name, failed)
             raise OSError(error)
+        (Path(scratch) / checksum.name).write_text(_sha256(built))
         os.replace(built, library)  # atomic: a process loading it meanwhile sees the whole file or none
+        os.replace(Path(scratch) / checksum.name, checksum)  # after the library: a checksum names a whole file
     return library
+
+
+def _intact(library: Path, checksum: Path) -> bool:
+    """Whether `library` is the file its checksum file (written after it) names."""
+    try:
+        return checksum.read_text().strip() == _sha256(library)
+    except FileNotFoundError:
+        return False
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()

@@ -2,6 +2,10 @@
 routed only inside the engine's steps and only for the products the kernel is for; the engine's output with it
 equal to the output without it; a clear error when it is demanded and cannot run; a quiet fallback when it does
 not build."""
+import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -486,6 +490,66 @@ def test_a_failed_build_is_not_retried_by_the_next_process_until_its_marker_goes
         assert frl._load()[0] is None and calls.read_text().count("run") == 4  # tried again
     finally:
         _forget_builds()
+
+
+# A new process that loads the cached kernel and computes with it: F.linear's values, or an error if it did not load.
+USES_THE_KERNEL = """
+import torch
+import torch.nn.functional as F
+from selfspec.kernel import few_row_linear as frl
+
+x, weight = torch.randn(3, 64), torch.randn(16, 64)
+torch.testing.assert_close(frl.few_row_linear(x, weight), F.linear(x, weight))
+print("kernel used")
+"""
+
+
+def _build_here() -> Path:
+    """The kernel's library as a process starting now builds or finds it in this test's cache directory."""
+    _forget_builds()
+    try:
+        assert frl._load()[0] is not None
+    finally:
+        _forget_builds()
+    [library] = cache_dir().glob("kernels/few_row_linear-*.so")
+    return library
+
+
+def _checksum(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def test_a_truncated_cached_kernel_is_rebuilt_not_loaded(needs_kernel):
+    """A cut .so (a full disk, an interrupted copy) killed every later process at load (SIGBUS, exit 135): its
+    checksum no longer matches, so it is rebuilt, here by two processes at once (each in a scratch folder of its own)."""
+    library = _build_here()
+    cut = library.read_bytes()[:1000]
+    library.unlink()  # a new file, as a copy leaves it (cut in place, the mapping this process loaded would die too)
+    library.write_bytes(cut)
+    children = [subprocess.Popen([sys.executable, "-c", USES_THE_KERNEL], cwd=Path(__file__).resolve().parents[3],
+                                 env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outputs = [child.communicate(timeout=600) for child in children]
+    for child, (out, err) in zip(children, outputs):
+        assert child.returncode == 0 and "kernel used" in out, (child.returncode, err[-3000:])
+    assert any("rebuilding it" in err for _, err in outputs)
+    assert library.stat().st_size > 1000 and frl._intact(library, _checksum(library))
+    assert sorted(library.parent.iterdir()) == [library, _checksum(library)]  # no scratch folder left behind
+
+
+def test_a_cached_kernel_without_its_checksum_is_rebuilt_and_an_intact_one_kept(needs_kernel, caplog):
+    library = _build_here()
+    _checksum(library).unlink()  # as an interrupted build, or an older selfspec, leaves it
+    before = library.stat().st_ino
+    with caplog.at_level(logging.WARNING, logger=frl.__name__):
+        assert _build_here() == library
+    assert "rebuilding it" in caplog.text and library.stat().st_ino != before  # a new file replaced it
+    assert frl._intact(library, _checksum(library))
+    caplog.clear()
+    rebuilt = library.stat().st_ino
+    with caplog.at_level(logging.WARNING, logger=frl.__name__):
+        _build_here()
+    assert library.stat().st_ino == rebuilt and "rebuilding" not in caplog.text  # its checksum vouches for it
 
 
 def test_a_layer_whose_forward_was_replaced_is_left_alone(counting_kernel):
