@@ -14,6 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from selfspec.loading import portable_name
+
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 _SIGNATURE_SIZE = 16  # sampled LM-head weights recorded to recognise the base across dtypes and paths
@@ -31,6 +33,11 @@ class BaseIdentity:
     # differs between two trainings of the same architecture. Empty when unknown (published Medusa heads).
     signature: tuple[float, ...] = field(default=())
 
+    def __post_init__(self):
+        # a hub id or a relative name, never this machine's folder: config.json ships, and vLLM reads the verifier's
+        # name from it (an identity read from an older file is shortened too, so saving it again writes the short name)
+        object.__setattr__(self, "name_or_path", portable_name(self.name_or_path))
+
     @classmethod
     def from_dict(cls, raw: dict) -> "BaseIdentity":
         """The identity as a checkpoint's config.json records it (JSON turns the signature into a list)."""
@@ -42,7 +49,8 @@ class BaseIdentity:
         return cls(
             hidden_size=config.hidden_size,
             vocab_size=lm_head_shape(model)[0],
-            name_or_path=str(getattr(config, "_name_or_path", "") or ""),
+            name_or_path=portable_name(getattr(config, "_name_or_path", ""),
+                                       getattr(getattr(config, "quantization_config", None), "gguf_file", None)),
             model_type=str(getattr(config, "model_type", "")),
             signature=lm_head_signature(model),
         )

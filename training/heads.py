@@ -13,7 +13,6 @@ many through `accelerate launch`; --time-budget covers the whole run.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from contextlib import nullcontext
@@ -26,6 +25,7 @@ from heads import draft_vocab as draft_vocabulary
 from selfspec.kernel.quantized import weight_count
 from training import features as feature_data
 from training import head_data
+from training.flags import portable_record, settings_record
 from training.head_settings import KINDS, HeadSettings, parse_args  # noqa: F401  (the command line's schema)
 from training.recipes import Teacher, recipe_for
 from training.schedule import warmup_cosine
@@ -160,7 +160,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
     num_params = sum(p.numel() for p in head.parameters())
     base_params = weight_count(model)  # weights kept as GGUF blocks are buffers, not parameters: counted too
     log = {
-        "settings": dataclasses.asdict(settings),
+        "settings": settings_record(settings),
         "head_parameters": num_params,
         "base_parameters": base_params,
         "head_parameter_fraction": round(num_params / base_params, 4),
@@ -194,7 +194,7 @@ def run(settings: HeadSettings, progress_bar: bool = True, stop_after: int | Non
         accelerator.print(f"resumed at step {state.step} ({state.train_seconds:.0f} s trained)")
     elif accelerator.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        (out / SETTINGS_NAME).write_text(json.dumps(dataclasses.asdict(settings), indent=2) + "\n")
+        (out / SETTINGS_NAME).write_text(json.dumps(settings_record(settings), indent=2) + "\n")
         (out / LOG_NAME).write_text(json.dumps(log, indent=2) + "\n")  # a resumed run adds to it
 
     def save() -> None:
@@ -298,8 +298,8 @@ def _check_resume(settings: HeadSettings, out: Path) -> None:
     if settings.resume:
         if not (out / CHECKPOINT_DIR).is_dir() or not saved_path.is_file():
             raise FileNotFoundError(f"--resume: no checkpoint in {out / CHECKPOINT_DIR}; start without --resume")
-        saved = json.loads(saved_path.read_text())
-        mine = dataclasses.asdict(settings)
+        saved = portable_record(json.loads(saved_path.read_text()))  # (a run written before paths were shortened)
+        mine = settings_record(settings)
         ignored = {"resume", "eval_only", "threads"}
         differ = sorted(k for k in mine if k not in ignored and json.loads(json.dumps(mine[k])) != saved.get(k))
         if differ:

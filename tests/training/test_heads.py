@@ -1,6 +1,7 @@
 """python -m training.heads on a tiny model: data forms and errors, the offsets, training raises agreement,
 checkpoints load and resume exactly, --eval-only, the exit adapter."""
 import json
+from dataclasses import asdict, replace
 from types import SimpleNamespace
 
 import pytest
@@ -9,10 +10,11 @@ from transformers import PreTrainedTokenizerFast
 
 from heads import ExitAdapter, MedusaHeads
 from tests.conftest import VOCAB, random_prompt, tiny_model
+from tests.test_shipped_files import machine_paths
 from training import head_data
 from training.features import Batch
 from training.head_settings import HeadSettings, parse_args
-from training.heads import run
+from training.heads import CHECKPOINT_DIR, SETTINGS_NAME, _check_resume, run
 from training.recipes import EagleRecipe, MedusaRecipe, _chain_summary, recipe_for
 
 
@@ -249,6 +251,9 @@ def test_training_raises_agreement_and_the_heads_load_everywhere(tmp_path, model
         progress_bar=False,
     )
     log = json.loads((out / "train_log.json").read_text())
+    for name in ("train_settings.json", "train_log.json", "config.json"):  # shipped beside the heads: no tmp_path
+        assert machine_paths(json.loads((out / name).read_text())) == [], name
+    assert log["settings"]["out"] == "heads" and log["settings"]["data"] == ["train.txt"]
     before, after = log["initial_eval"]["heldout"], result["heldout"]
     # The text is the base's greedy output, mostly short cycles: far heads start high by luck (a fresh head k
     # guesses token t+1 for t+2+k, right on a cycle of period k+1), the first head does not.
@@ -304,6 +309,17 @@ def test_resume_continues_the_same_run_exactly(tmp_path, model_dir, texts):
         torch.testing.assert_close(x, y, rtol=0, atol=0, msg=name)
     log = json.loads((interrupted / "train_log.json").read_text())
     assert log["steps"] == 6 and "initial_eval" in log
+
+
+def test_resume_accepts_settings_written_with_absolute_paths(tmp_path, model_dir):
+    """A run started before train_settings.json shortened its paths resumes: both sides are compared shortened."""
+    out = tmp_path / "older"
+    (out / CHECKPOINT_DIR).mkdir(parents=True)
+    older = settings(model_dir, out, data=(str(tmp_path / "train.txt"),))
+    (out / SETTINGS_NAME).write_text(json.dumps(asdict(older)))  # the absolute paths as an older version wrote them
+    _check_resume(replace(older, resume=True), out)
+    with pytest.raises(ValueError, match="settings differ from it: lr"):
+        _check_resume(replace(older, resume=True, lr=0.5), out)
 
 
 def test_self_generate_and_exit_adapter(tmp_path, model_dir, texts):
