@@ -6,7 +6,8 @@ What the published heads compute, as read in SafeAILab/EAGLE (`eagle/model/cnets
 - (a) Input feature: the base's FINAL, POST-norm hidden state. `EaModel.forward` passes `outputs[0]` of
   `base_model.model(...)` to the head, and that model's forward applies `self.norm` before returning it: the same
   tensor the base's LM head reads (`orig = base_model.lm_head(outputs[0])`). Training features are the same
-  post-norm states. (Only EAGLE-3, `cnets.py` today, reads pre-norm states of three layers; not supported here.)
+  post-norm states. (Only EAGLE-3, `cnets.py` today, reads pre-norm states of three layers: its heads are read by
+  `heads/eagle_speculators.py`.)
 - (b) Output: `Model.forward` returns the last layer's output with no final norm, and `topK_generate` scores it with
   `head(out_hidden)`, where `head` is the base's `lm_head`: straight to the LM head, not through the base's norm.
 - (c) Fusion: `fc(cat(inputs_embeds, hidden_states))`, embedding FIRST, neither normed; `fc` is Linear(2H, H) with
@@ -38,6 +39,7 @@ import os
 from dataclasses import asdict
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from heads.checkpoint import CONFIG_NAME, WEIGHTS_NAME, BaseIdentity, attach, load_state_in_its_dtype
@@ -49,28 +51,47 @@ BASE_KEY = "selfspec_base"  # the base identity (with its LM-head signature) tha
 TRAIN_ONE = "train one for this model with `python -m training.heads --kind eagle --eagle-layout eagle1`"
 
 
+def published_weights(directory) -> str | None:
+    """The path of a published head's weights file (PUBLISHED_WEIGHTS, first found), or None."""
+    found = [os.path.join(directory, name) for name in PUBLISHED_WEIGHTS]
+    return next((path for path in found if os.path.isfile(path)), None)
+
+
+def read_published_weights(path: str) -> dict[str, torch.Tensor]:
+    return load_file(path) if path.endswith(".safetensors") else torch.load(path, map_location="cpu", weights_only=True)
+
+
+def published_weight_names(directory) -> set[str]:
+    """The tensor names of a published head's weights file (empty without one), its values left unread: the
+    safetensors header, or a torch file memory-mapped (a base model's directory given by mistake stays cheap)."""
+    path = published_weights(directory)
+    if path is None:
+        return set()
+    if path.endswith(".safetensors"):
+        with safe_open(path, framework="pt") as f:
+            return set(f.keys())
+    try:
+        return set(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+    except RuntimeError:  # a file in torch's legacy (non-zip) format cannot be memory-mapped
+        return set(read_published_weights(path))
+
+
 def load_eagle1(cls, directory, raw_config: dict, model=None, check_base: bool = True):
     """A published EAGLE-1/2 head or a vLLM EAGLE-1 export in `directory` -> an "eagle1" head of class `cls`; with
     `model`, checked against it (hidden size, vocabulary, and the head's stored embedding unless check_base=False)
     and placed on it."""
-    found = [os.path.join(directory, name) for name in PUBLISHED_WEIGHTS]
-    weights = next((path for path in found if os.path.isfile(path)), None)
+    weights = published_weights(directory)
     if weights is None or "hidden_size" not in raw_config or "num_hidden_layers" not in raw_config:
         raise ValueError(
             f"{directory!r} holds {raw_config.get('format', 'an unknown format')!r}: not an EAGLE head saved by "
-            "selfspec (config.json format 'selfspec-eagle'), a published EAGLE-1/2 head or a vLLM EAGLE-1 export "
-            f"(a Llama config.json and {' or '.join(PUBLISHED_WEIGHTS)})"
+            "selfspec (config.json format 'selfspec-eagle'), a published EAGLE-1/2/3 head, a vLLM EAGLE-1 export "
+            f"(a Llama config.json and {' or '.join(PUBLISHED_WEIGHTS)}) or a speculators EAGLE-3 draft"
         )
-    if weights.endswith(".safetensors"):
-        state = load_file(weights)
-    else:
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+    state = read_published_weights(weights)
     architectures = raw_config.get("architectures") or ()
     if any(key.startswith("midlayer.") for key in state) or any("Eagle3" in name for name in architectures):
-        raise NotImplementedError(
-            f"{directory!r} is an EAGLE-3 head in SafeAILab's layout; selfspec reads EAGLE-3 heads in the speculators "
-            "format: convert it with the speculators package (`speculators convert`), then load the result"
-        )
+        raise ValueError(f"{directory!r} is an EAGLE-3 head in SafeAILab's layout, not EAGLE-1/2: load it with "
+                         "EagleHead.from_pretrained, which reads it as one")
     if raw_config.get("qkv_bias"):
         raise NotImplementedError(
             f"{directory!r}: its layer has q/k/v biases without an output bias, which transformers' Llama layer cannot "

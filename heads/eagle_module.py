@@ -12,15 +12,19 @@ Three layouts of the same idea (`EagleConfig.layout`):
         fused = W [embed(x_{t+1}); h_t] (+ b)                    (embedding first, neither normed)
         f_{t+1} = decoder_layer(fused)                           (layer 0 without its input norm, no output norm)
     "eagle3" (EAGLE-3 as the `speculators` package defines it and vLLM serves it, see `heads/eagle_speculators.py`):
-        g_t = fc([hidden_states[l]_t for l in feature_layers])   (n H -> H, no bias, no norms; not the final state)
+        g_t = fc([hidden_states[l]_t for l in feature_layers])   (n H -> H, no bias; not the final state)
         x = cat(input_layernorm(embed(x_{t+1})), hidden_norm(h))  (2 H: layer 0's q/k/v read both)
         s_{t+1} = layer 0 with that attention input and residual h (then post-attention norm and MLP as usual)
         logits = lm_head(norm(s_{t+1}))                          (the head's OWN LM head over its draft vocabulary)
     where h is g_t for a real position and the head's own previous s (pre-norm, H wide, no fc) for a drafted one.
+    The format's optional norms (EAGLE 3.1, speculators' training default): `norm_before_fc` applies one norm
+    (`input_norm`, n H wide) to fc's input, `fc_norm` one norm per layer's slot (`fc_norm.i`), and `norm_output` makes
+    s_{t+1} post-norm: the head returns norm(s), scores lm_head(norm(s)) and feeds norm(s) back.
 
 The feature h_t is the base's final (post-norm) hidden state, or, with `EagleConfig.feature_layers` (EAGLE-3's
-multi-layer features, "selfspec" layout), a fusion of several of the base's layers: the base hands the head
-[final; hidden_states[l] for l in feature_layers] ((1 + n) H wide, `TargetModel.set_feature_layers`), each slot
+multi-layer features, kept in ascending order as vLLM concatenates them), a fusion of several of the base's layers:
+the base hands the head [final; hidden_states[l] for l in feature_layers] ((1 + n) H wide,
+`TargetModel.set_feature_layers`), each slot
 RMS-normed, and `feature_fc` ((1 + n) H -> H) makes h_t of them. The head's own predicted features (H wide) are fed
 back as they are, so `forward` takes either width: real rows are fused, predicted ones are not.
 
@@ -44,9 +48,12 @@ import torch
 from torch import nn
 
 from heads.checkpoint import BaseIdentity, attach, lm_head_weight, load_weights, read_config, save_checkpoint
+from selfspec.loading import portable_name
+from selfspec.hf_compat import cache_arg
 
 FORMAT_NAME = "selfspec-eagle"
 LAYOUTS = ("selfspec", "eagle1", "eagle3")
+EAGLE3_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")  # EagleConfig's, the format's names
 
 
 def is_eagle_config(raw: dict) -> bool:
@@ -65,23 +72,36 @@ class EagleConfig:
     layout: str = "selfspec"  # "selfspec" (input and output norms), "eagle1" (published EAGLE-1/2, vLLM), "eagle3"
     fuse_bias: bool = False  # the fusion has a bias: only published EAGLE-1 heads trained with one (vLLM has none)
     # The base's hidden_states indices fused with its final state (EAGLE-3); () reads the final state only. The
-    # "eagle3" layout fuses these layers only (the final state the target hands over too is not read).
+    # "eagle3" layout fuses these layers only (the final state the target hands over too is not read). Stored
+    # ascending whatever order they are given in: vLLM concatenates the auxiliary states in that order.
     feature_layers: tuple[int, ...] = ()
-    # "eagle3" only: layer 0's residual is hidden_norm(h) instead of h (the speculators format's flag of that name)
+    # "eagle3" only, the speculators format's flags of these names: layer 0's residual is hidden_norm(h) instead of h;
+    # one norm over fc's whole input; one norm per feature layer's slot; the head returns (and feeds back) norm(s)
     norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    norm_output: bool = False
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
             raise ValueError(f"unknown EAGLE head layout {self.layout!r}; choose one of {LAYOUTS}")
         if self.fuse_bias and self.layout != "eagle1":
             raise ValueError("only the 'eagle1' layout has a fusion bias")
-        object.__setattr__(self, "feature_layers", tuple(int(l) for l in self.feature_layers))  # a JSON list too
+        # ascending, from a JSON list too
+        object.__setattr__(self, "feature_layers", tuple(sorted(int(l) for l in self.feature_layers)))
+        if self.base_config.get("_name_or_path"):  # where transformers loaded the base from: shipped in config.json
+            gguf_file = (self.base_config.get("quantization_config") or {}).get("gguf_file")
+            object.__setattr__(self, "base_config", {**self.base_config, "_name_or_path": portable_name(
+                self.base_config["_name_or_path"], gguf_file)})
         if self.feature_layers and self.layout == "eagle1":
             raise ValueError("feature_layers (multi-layer features) need the 'selfspec' or 'eagle3' layout")
         if self.layout == "eagle3" and not self.feature_layers:
             raise ValueError("the 'eagle3' layout fuses the base's feature layers: give feature_layers (e.g. 'auto')")
-        if self.norm_before_residual and self.layout != "eagle3":
-            raise ValueError("norm_before_residual is a flag of the 'eagle3' layout")
+        flags = [f for f in EAGLE3_FLAGS if getattr(self, f)]
+        if flags and self.layout != "eagle3":
+            raise ValueError(f"{', '.join(flags)}: flags of the 'eagle3' layout")
+        if self.norm_before_fc and self.fc_norm:
+            raise ValueError("norm_before_fc (one norm over fc's input) and fc_norm (one per slot) exclude each other")
         if any(l < 0 for l in self.feature_layers) or len(set(self.feature_layers)) != len(self.feature_layers):
             raise ValueError(f"feature_layers must be distinct hidden_states indices >= 0, got {self.feature_layers}")
 
@@ -94,8 +114,9 @@ class EagleConfig:
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     """EAGLE-3's low, middle and high layers of a base with `num_layers` decoder layers, as hidden_states indices
     (the input of that decoder layer): 2, num_layers // 2, num_layers - 3, as SafeAILab/EAGLE's EAGLE-3 base model
-    collects them and vLLM's `eagle_aux_hidden_state_layer_ids` default. SmolLM2-135M (30 layers): (2, 15, 27). Bases
-    under 6 layers get the distinct ones of those, clamped to 1 .. num_layers - 1."""
+    collects them and vLLM's `eagle_aux_hidden_state_layer_ids` default. SmolLM2-135M (30 layers): (2, 15, 27). Three
+    distinct layers need a base of 7 layers or more; smaller bases get the distinct ones of those, clamped to
+    1 .. num_layers - 1 (6 layers: (2, 3); 5: (2,)), which vLLM's EAGLE-3 model (fc over 3 layers) cannot serve."""
     if num_layers < 2:
         raise ValueError(f"multi-layer features need a base of at least 2 layers, this one has {num_layers}")
     picked = (2, num_layers // 2, num_layers - 3)
@@ -165,6 +186,10 @@ class EagleModule(nn.Module):
             _widen_first_layer(self.layers[0])
             self.norm = _norm_like(self.layers[0])
             self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.base.vocab_size, bias=False)
+            if config.norm_before_fc:  # one norm over fc's whole input [n H] (the format's `input_norm`)
+                self.input_norm = _norm_like(self.layers[0], len(config.feature_layers) * hidden)
+            if config.fc_norm:  # one norm per feature layer's slot (the format's `fc_norm.i`)
+                self.fc_norm = nn.ModuleList(_norm_like(self.layers[0]) for _ in config.feature_layers)
         else:
             published = config.layout == "eagle1"
             # Identity norms hold no weights, so each layout's state dict names exactly what it has.
@@ -265,7 +290,7 @@ class EagleModule(nn.Module):
         if (vocab_ids is None) != (self.draft_vocab is None) or (vocab_ids is not None and vocab_ids.shape[0] != rows):
             raise ValueError(f"an 'eagle3' EAGLE head scores its own draft vocabulary ({rows} tokens) only: pass "
                              "vocab_ids=head.draft_vocab")
-        return self.lm_head(self.norm(states))
+        return self.lm_head(states if self.config.norm_output else self.norm(states))  # (norm_output: normed already)
 
     @classmethod
     def widened(cls, head, feature_layers: tuple[int, ...] | str, model):
@@ -287,6 +312,26 @@ class EagleModule(nn.Module):
         wide.take_final_state()
         return wide.train(head.training)
 
+    @torch.no_grad()
+    def sort_feature_slots(self, stored: tuple[int, ...]) -> None:
+        """Weights written for the feature layers in the order `stored` (a head trained on `27 15 2`) -> the same
+        function with its slots in `config.feature_layers`' ascending order: feature_fc's column blocks and the
+        per-slot norms (the "selfspec" layout's slot 0, the final state, stays first) move with their layers."""
+        if list(stored) == list(self.config.feature_layers):
+            return
+        hidden, order = self.config.base.hidden_size, sorted(range(len(stored)), key=stored.__getitem__)
+        slots = order if self.config.layout == "eagle3" else [0] + [1 + i for i in order]
+        columns = torch.cat([torch.arange(i * hidden, (i + 1) * hidden) for i in slots])
+        self.feature_fc.weight.copy_(self.feature_fc.weight[:, columns.to(self.feature_fc.weight.device)])
+        per_slot = self.slot_norms if self.config.layout == "selfspec" else (self.fc_norm if self.config.fc_norm
+                                                                             else None)
+        if per_slot is not None:
+            weights = [norm.weight.clone() for norm in per_slot]
+            for norm, i in zip(per_slot, slots):
+                norm.weight.copy_(weights[i])
+        if self.config.norm_before_fc:
+            self.input_norm.weight.copy_(self.input_norm.weight[columns.to(self.input_norm.weight.device)])
+
     def take_final_state(self) -> None:
         """Set `feature_fc` to pass the (normed) final-state slot through and ignore the layers' slots."""
         if not self.config.feature_layers:
@@ -302,7 +347,13 @@ class EagleModule(nn.Module):
         """[..., (1 + n) H] the base's final state and feature layers' states -> [..., H] the head's feature ("eagle3":
         of the feature layers' states only)."""
         if self.config.layout == "eagle3":
-            return self.feature_fc(features[..., self.config.base.hidden_size :])
+            layers = features[..., self.config.base.hidden_size :]  # [..., n H]
+            if self.config.norm_before_fc:
+                layers = self.input_norm(layers)
+            if self.config.fc_norm:
+                slots = layers.split(self.config.base.hidden_size, dim=-1)
+                layers = torch.cat([norm(s) for norm, s in zip(self.fc_norm, slots)], dim=-1)
+            return self.feature_fc(layers)
         slots = features.split(self.config.base.hidden_size, dim=-1)
         return self.feature_fc(torch.cat([norm(s) for norm, s in zip(self.slot_norms, slots)], dim=-1))
 
@@ -324,7 +375,8 @@ class EagleModule(nn.Module):
         next_embeddings [B, T, H] (embed(x_{t+1})), position_ids [B, T] (t) ->
         [B, T, H] the predicted states for positions t+1, which `draft_logits` scores and the next draft reads back:
         post-norm features (what the base's LM head reads) in the "selfspec" and "eagle1" layouts, the layers'
-        pre-norm output in "eagle3". With `cache`, the T positions follow its contents.
+        pre-norm output in "eagle3" (post-norm with its `norm_output`). With `cache`, the T positions follow its
+        contents.
         attention_mask: None (causal), or a 4D additive float mask [B, 1, T, cached + T] used as given (a tree of
         drafts: each row attends to the cached entries of its own path only)."""
         from transformers.masking_utils import create_causal_mask
@@ -350,7 +402,7 @@ class EagleModule(nn.Module):
         if self.rotary_emb is not None:
             extra["position_embeddings"] = self.rotary_emb(fused, position_ids)
         mask = create_causal_mask(
-            config=self.layer_config, inputs_embeds=fused, attention_mask=attention_mask, cache=cache,
+            config=self.layer_config, inputs_embeds=fused, attention_mask=attention_mask, **cache_arg(cache),
             position_ids=position_ids,
         )
         hidden = fused
@@ -360,9 +412,9 @@ class EagleModule(nn.Module):
                                              attention_mask=mask, position_ids=position_ids, cache=cache,
                                              use_cache=cache is not None, **extra)
             else:
-                hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, cache=cache,
+                hidden = layer(hidden, attention_mask=mask, position_ids=position_ids, **cache_arg(cache),
                                use_cache=cache is not None, **extra)
-        return hidden if eagle3 else self.norm(hidden)
+        return hidden if eagle3 and not self.config.norm_output else self.norm(hidden)
 
     def check_base(self, model, what: str = "this EAGLE head", check_identity: bool = True) -> None:
         self.config.base.check_matches(BaseIdentity.of(model), what, check_identity)
@@ -375,10 +427,12 @@ class EagleModule(nn.Module):
 
     @classmethod
     def load_native(cls, directory: str | os.PathLike, raw: dict, model=None, check_base: bool = True):
+        stored = tuple(int(l) for l in raw.get("feature_layers", ()))  # in the order its weights were written
         config = EagleConfig(BaseIdentity.from_dict(raw["base"]), raw["base_config"], raw["num_layers"],
                              raw.get("draft_vocab_size", 0), raw.get("layout", "selfspec"), raw.get("fuse_bias", False),
-                             tuple(raw.get("feature_layers", ())), raw.get("norm_before_residual", False))
+                             stored, **{flag: bool(raw.get(flag, False)) for flag in EAGLE3_FLAGS})
         head = load_weights(cls(config, model), directory)
+        head.sort_feature_slots(stored)
         if model is not None:
             head = attach(head, model, config.base, f"the EAGLE head in {directory!r}", check_identity=check_base)
             head.check_base(model, f"the EAGLE head in {directory!r}", check_identity=False)
@@ -426,10 +480,15 @@ def _widen_first_layer(layer: nn.Module) -> None:
     layer.hidden_norm = _norm_like(layer)
 
 
-def _norm_like(layer: nn.Module) -> nn.Module:
+def _norm_like(layer: nn.Module, width: int | None = None) -> nn.Module:
     """A norm of the layer's input norm's class and epsilon: a copy of a freshly built layer's, at its initial weight
-    (called while the head is being built, before any weights are loaded)."""
-    return copy.deepcopy(layer.input_layernorm)
+    (called while the head is being built, before any weights are loaded); `width` other than the layer's: a fresh one
+    of that class (RMSNorm-style classes take (hidden_size, eps))."""
+    norm = layer.input_layernorm
+    if width is None:
+        return copy.deepcopy(norm)
+    eps = getattr(norm, "variance_epsilon", None) or getattr(norm, "eps", 1e-6)
+    return type(norm)(width, eps=eps)
 
 
 def _eagle3_first_layer(layer: nn.Module, embeddings: torch.Tensor, hidden: torch.Tensor, norm_before_residual: bool,
@@ -440,7 +499,7 @@ def _eagle3_first_layer(layer: nn.Module, embeddings: torch.Tensor, hidden: torc
     residual = normed if norm_before_residual else hidden
     attended, _ = layer.self_attn(
         hidden_states=torch.cat([layer.input_layernorm(embeddings), normed], dim=-1), attention_mask=attention_mask,
-        position_ids=position_ids, cache=cache, use_cache=use_cache, **extra,
+        position_ids=position_ids, **cache_arg(cache), use_cache=use_cache, **extra,
     )
     hidden = residual + attended
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))

@@ -13,7 +13,11 @@ against FasterDecoding/Medusa (`medusa/model/medusa_model.py`), text-generation-
 - vLLM: config.json with `model_type: "medusa"`, `num_heads`, `num_hidden_layers`, `truncated_vocab_size`,
   `medusa_fc_bias`, `original_lm_head`; weights `blocks.{i}.layers.{j}.weight` / `.bias` (x + SiLU(W x + b),
   the same block as ours) and `lm_heads.{i}.weight`; with `original_lm_head: true` vLLM builds ONE LM head for
-  all heads and fills it from `lm_heads.0.weight`.
+  all heads and fills it from `lm_heads.0.weight`. A draft vocabulary is a `token_map` tensor ([N] target ids, draft
+  index i scoring token_map[i]) with `truncated_vocab_size: N` < `vocab_size`: the one LM head then has N rows (taken
+  by token_map from a full-vocabulary `lm_heads.0.weight`, as they are from one of N rows) and logits are -inf
+  outside the map. Own LM heads (`original_lm_head: false`) are always built over the whole vocabulary, and loading a
+  token_map with them fails (the rows it selects no longer fit), so vLLM has no draft vocabulary for them.
 """
 from __future__ import annotations
 
@@ -91,6 +95,14 @@ def save_vllm(heads, directory, model=None) -> None:
     """Write `heads` as vLLM's Medusa draft model. With a shared LM head vLLM needs the base LM head in the file,
     so pass the base `model` (its LM head weight is written as `lm_heads.0.weight`)."""
     config = heads.config
+    draft_vocab = heads.draft_vocab  # [N] ids or None
+    if draft_vocab is not None and not config.share_lm_head:
+        raise ValueError(
+            f"these heads draft among {len(draft_vocab)} tokens with their own LM heads; vLLM's Medusa takes a draft "
+            "vocabulary (token_map) only with one LM head shared by all heads, and would draft over the whole "
+            "vocabulary with own LM heads, whose rows outside it were never trained. Train heads that share the base's "
+            "LM head (the default; without --no-share-lm-head) or with --draft-vocab-size 0 to export them"
+        )
     if config.share_lm_head and model is None:
         raise ValueError(
             "these heads share the base model's LM head, and vLLM reads it from the heads' own file: "
@@ -103,14 +115,16 @@ def save_vllm(heads, directory, model=None) -> None:
         for j, block in enumerate(blocks):
             state[f"blocks.{i}.layers.{j}.weight"] = block.linear.weight
             state[f"blocks.{i}.layers.{j}.bias"] = block.linear.bias
-    if config.share_lm_head:
-        state["lm_heads.0.weight"] = lm_head_weight(model)  # (a quantized LM head's values, dequantized)
+    if config.share_lm_head:  # [N, H] the draft vocabulary's rows (a quantized LM head's values, dequantized)
+        state["lm_heads.0.weight"] = lm_head_weight(model, draft_vocab)
     else:
         for i, lm_head in enumerate(heads.lm_heads):
             state[f"lm_heads.{i}.weight"] = lm_head.weight
     dtype = next(heads.parameters()).dtype
     # clone: a tied LM head shares storage with the embedding, and safetensors refuses shared tensors
     state = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in state.items()}
+    if draft_vocab is not None:
+        state["token_map"] = draft_vocab.detach().to("cpu", torch.int64).contiguous().clone()
     vllm_config = {
         "model_type": VLLM_MODEL_TYPE,
         "architectures": ["MedusaModel"],
@@ -118,7 +132,8 @@ def save_vllm(heads, directory, model=None) -> None:
         "vocab_size": config.base.vocab_size,
         "num_heads": config.num_heads,
         "num_hidden_layers": config.num_layers,
-        "truncated_vocab_size": config.base.vocab_size,  # no token map: vLLM asserts equality without one
+        # vLLM asserts equality without a token map
+        "truncated_vocab_size": config.base.vocab_size if draft_vocab is None else len(draft_vocab),
         "medusa_fc_bias": True,  # our blocks have biases; vLLM's default is False
         "original_lm_head": config.share_lm_head,
         "torch_dtype": str(dtype).removeprefix("torch."),
@@ -134,18 +149,25 @@ def save_vllm(heads, directory, model=None) -> None:
 
 
 def load_vllm(directory, raw_config: dict, model=None, build=None):
-    """Read back what `save_vllm` (or another vLLM Medusa export) wrote."""
-    if raw_config.get("truncated_vocab_size", raw_config["vocab_size"]) != raw_config["vocab_size"]:
-        raise ValueError(f"{directory!r} uses a truncated vocabulary (token_map), which selfspec does not support")
+    """Read back what `save_vllm` (or another vLLM Medusa export) wrote; a `token_map` becomes the draft vocabulary."""
     state = load_file(os.path.join(directory, WEIGHTS_NAME))
     state = {_strip_prefix(k): v for k, v in state.items()}
     num_heads, num_layers = raw_config["num_heads"], raw_config["num_hidden_layers"]
     share_lm_head = bool(raw_config.get("original_lm_head", False))
+    vocab_size = raw_config["vocab_size"]
+    truncated = raw_config.get("truncated_vocab_size") or vocab_size
+    token_map = state.pop("token_map", None) if truncated < vocab_size else None  # (vLLM ignores it otherwise)
+    if truncated < vocab_size and (token_map is None or not share_lm_head or token_map.shape != (truncated,)
+                                   or not 0 <= int(token_map.min()) <= int(token_map.max()) < vocab_size
+                                   or token_map.unique().numel() != truncated):
+        raise ValueError(f"{directory!r}: truncated_vocab_size {truncated} < vocab_size {vocab_size} needs a token_map "
+                         f"of {truncated} distinct ids below {vocab_size} and original_lm_head (what vLLM loads); this "
+                         "export does not have them")
     base = BaseIdentity(
-        hidden_size=raw_config["hidden_size"], vocab_size=raw_config["vocab_size"],
+        hidden_size=raw_config["hidden_size"], vocab_size=vocab_size,
         name_or_path=str(raw_config.get("base_model_name_or_path", "")),
     )
-    heads = build(num_heads, num_layers, share_lm_head, base)
+    heads = build(num_heads, num_layers, share_lm_head, base, 0 if token_map is None else truncated)
     ours = {}
     for i in range(num_heads):
         for j in range(num_layers):
@@ -154,6 +176,8 @@ def load_vllm(directory, raw_config: dict, model=None, build=None):
             ours[f"blocks.{i}.{j}.linear.bias"] = bias if bias is not None else torch.zeros(base.hidden_size)
         if not share_lm_head:
             ours[f"lm_heads.{i}.weight"] = _tensor(state, f"lm_heads.{i}.weight", directory)
+    if token_map is not None:
+        ours["draft_vocab"] = token_map.long()
     _load_exact(heads, ours, directory)
     return heads
 

@@ -52,9 +52,10 @@ class MedusaHeads(nn.Module):
             self.draft_vocab = None
 
     @classmethod
-    def build(cls, num_heads: int, num_layers: int, share_lm_head: bool, base: BaseIdentity) -> "MedusaHeads":
+    def build(cls, num_heads: int, num_layers: int, share_lm_head: bool, base: BaseIdentity,
+              draft_vocab_size: int = 0) -> "MedusaHeads":
         """Heads of this shape for `base`, weights as initialised (checkpoint readers fill them)."""
-        return cls(MedusaConfig(num_heads, num_layers, share_lm_head, base))
+        return cls(MedusaConfig(num_heads, num_layers, share_lm_head, base, draft_vocab_size))
 
     @property
     def num_heads(self) -> int:
@@ -104,7 +105,8 @@ class MedusaHeads(nn.Module):
 
     def save_pretrained(self, directory: str | os.PathLike, format: str = "selfspec", model=None) -> None:
         """Write safetensors weights plus a config.json recording the base; format="vllm" writes vLLM's layout
-        (which, with a shared LM head, needs the base `model` to copy its LM head into the file)."""
+        (which, with a shared LM head, needs the base `model` to copy its LM head into the file; a draft vocabulary
+        goes there as vLLM's `token_map`)."""
         if format == "vllm":
             from heads.formats import save_vllm
 
@@ -117,10 +119,10 @@ class MedusaHeads(nn.Module):
     def from_pretrained(cls, directory: str | os.PathLike, model=None, check_base: bool = True) -> "MedusaHeads":
         """Load heads saved by `save_pretrained` (or published Medusa heads, or a vLLM export); with `model`, check
         they fit it and move them to its device and dtype."""
-        from heads.eagle import is_eagle_config
+        from heads.eagle import is_eagle_directory
 
         raw = read_config(directory, "a heads directory")
-        if is_eagle_config(raw):
+        if is_eagle_directory(directory, raw):
             raise ValueError(f"{str(directory)!r} holds an EAGLE head, not Medusa heads: load it with "
                              "EagleHead.from_pretrained; in SelfSpecModel use drafter='eagle' or leave drafter unset")
         if raw.get("format") != FORMAT_NAME:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from selfspec.hf_compat import CACHE_ARG, cache_arg
 
 SUPPORTED_FAMILIES = "Llama, Mistral, Qwen2, Qwen3, Gemma (1-3), Phi-3, GPT-NeoX and GPT-2"
 # What run_layers passes to each layer, besides the hidden states and the cache (under the layout's cache keyword).
@@ -40,7 +41,7 @@ class _Layout:
     rotary: str | None  # rotary embedding module giving (cos, sin) per position
     positions: str | None  # learned position embedding module (GPT-2)
     dropout: str | None  # embedding dropout (identity in eval mode, kept for fidelity)
-    cache_arg: str = "cache"  # the keyword under which a layer takes the KV cache
+    cache_arg: str = CACHE_ARG  # the keyword under which a layer takes the KV cache
 
 
 LAYOUTS = (
@@ -146,7 +147,7 @@ class ModelParts:
             if sliding not in masks:
                 make_mask = create_sliding_window_causal_mask if sliding else create_causal_mask
                 masks[sliding] = make_mask(
-                    config=self.config, inputs_embeds=hidden, attention_mask=None, cache=cache,
+                    config=self.config, inputs_embeds=hidden, attention_mask=None, **cache_arg(cache),
                     position_ids=position_ids, layer_idx=i,
                 )
             extra = {self.layout.cache_arg: cache}
@@ -197,7 +198,7 @@ class ModelParts:
         device = next(self.decoder.parameters()).device
         vocab = self.embed_tokens.weight.shape[0]
         probe = (torch.arange(6, device=device) * 7 + 3)[None] % vocab  # [1, 6]
-        expected = self.decoder(input_ids=probe, cache=DynamicCache(config=self.model.config), use_cache=True)
+        expected = self.decoder(input_ids=probe, **cache_arg(DynamicCache(config=self.model.config)), use_cache=True)
         expected = expected.last_hidden_state[0]
         cache = DynamicCache(config=self.model.config)
         first = self.norm(self.run_layers(self.embed(probe[:, :4], cache), cache, 0, self.num_layers))

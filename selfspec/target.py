@@ -13,6 +13,7 @@ import torch
 from heads.checkpoint import lm_head_dtype, lm_head_shape
 from selfspec.cache import KVCache
 from selfspec.model_parts import ModelParts
+from selfspec.hf_compat import cache_arg
 
 # model -> what its logits check passed with (its class, decoder and LM head, final transforms, dtype, device): a model
 # wrapped again (a wrapper per call, as the command line builds one) is not probed again; it was ~4 decodes of
@@ -103,7 +104,7 @@ class TargetModel:
         their keys and values) and `start_hidden` [num_tokens, hidden] is their output: only the rest run.
         """
         if start_layer == 0:
-            out = self.decoder(input_ids=token_ids[None], cache=cache.hf_cache, use_cache=True, **self.decoder_options)
+            out = self.decoder(input_ids=token_ids[None], **cache_arg(cache.hf_cache), use_cache=True, **self.decoder_options)
             return self.states(out)[0]
         self._refuse_resume_with_features()
         if start_hidden is None or start_hidden.shape[0] != token_ids.shape[0]:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from training import corpus
+from selfspec.hf_compat import cache_arg
 
 STDLIB = "stdlib"  # --data stdlib: training.corpus's files, split exactly as the base model's training split them
 
@@ -226,7 +227,7 @@ def continue_tokens(
     for chunk in prompts.split(batch_size):
         ids = chunk.to(device)
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]  # [n, vocab]
+        logits = model(input_ids=ids, **cache_arg(cache), use_cache=True, logits_to_keep=1).logits[:, -1]  # [n, vocab]
         pieces = [ids]
         for step in range(num_new):
             if temperature > 0:
@@ -236,6 +237,6 @@ def continue_tokens(
                 next_ids = logits.argmax(-1, keepdim=True)
             pieces.append(next_ids)
             if step + 1 < num_new:
-                logits = model(input_ids=next_ids, cache=cache, use_cache=True).logits[:, -1]
+                logits = model(input_ids=next_ids, **cache_arg(cache), use_cache=True).logits[:, -1]
         out.append(torch.cat(pieces, dim=1).cpu())
     return torch.cat(out)

@@ -119,7 +119,8 @@ _HELP = {
     "eagle3: EAGLE-3 as the speculators package defines it (needs --feature-layers; its own LM head over the draft "
     "vocabulary), which `save_pretrained(dir, format='speculators')` exports for vLLM's eagle3 method",
     "feature_layers": "none: the EAGLE head reads the base's final state only; 'auto': EAGLE-3's low, middle and "
-    "high layers (hidden_states 2, L//2, L-3 of an L-layer base) beside it, fused by the head; or indices (2 15 27). "
+    "high layers (hidden_states 2, L//2, L-3 of an L-layer base; three need 7 layers or more, as vLLM's EAGLE-3 "
+    "reads) beside it, fused by the head; or indices (2 15 27), kept in ascending order as vLLM concatenates them. "
     "With --init of a final-state head, the new head starts as that head (its feature fc takes the final state)",
     "init": "start from the heads in this directory (same kind, same base) instead of fresh ones, e.g. to continue "
     "training on more data; their draft vocabulary is kept",

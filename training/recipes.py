@@ -185,7 +185,11 @@ class EagleRecipe:
     feature_weight: float = 0.5  # smooth-L1 on features / their RMS, beside the distribution loss (weight 1)
     kind: str = "eagle"
     layout: str = "selfspec"  # heads/eagle.py: "eagle1" and "eagle3" (the speculators format) are what vLLM serves
-    feature_layers: tuple[int, ...] = ()  # the base's hidden_states the head reads beside the final state (EAGLE-3)
+    # the base's hidden_states the head reads beside the final state (EAGLE-3), ascending as vLLM concatenates them
+    feature_layers: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(sorted(self.feature_layers)))  # as EagleConfig stores them
 
     def new_head(self, model, settings, draft_vocab):
         from heads.eagle import EagleHead
@@ -300,12 +304,15 @@ class ExitAdapterRecipe:
 
 
 def resolve_feature_layers(values: tuple[str, ...], num_model_layers: int) -> tuple[int, ...]:
-    """--feature-layers: () -> (); ("auto",) -> EAGLE-3's low, middle and high layers; indices as given."""
+    """--feature-layers: () -> (); ("auto",) -> EAGLE-3's low, middle and high layers; indices in ascending order
+    whatever order they are given in (vLLM concatenates the auxiliary states ascending: a head trained on `27 15 2`
+    would read its slots swapped there)."""
     from heads.eagle_module import check_feature_layers, default_feature_layers
 
     if not values:
         return ()
-    layers = default_feature_layers(num_model_layers) if tuple(values) == ("auto",) else tuple(int(v) for v in values)
+    auto = tuple(values) == ("auto",)
+    layers = default_feature_layers(num_model_layers) if auto else tuple(sorted(int(v) for v in values))
     check_feature_layers(layers, num_model_layers, "--feature-layers")
     return layers
 

@@ -14,16 +14,14 @@ HEAD_DRAFTERS = ("medusa", "eagle")
 
 
 def heads_kind(heads) -> str:
-    """"eagle" or "medusa": what a heads module or directory holds (a directory says so in its config.json)."""
-    from heads.eagle import EagleHead, is_eagle_config
+    """"eagle" or "medusa": what a heads module or directory holds (a directory in any format its loaders read:
+    `heads.eagle.is_eagle_directory`)."""
+    from heads.eagle import EagleHead, is_eagle_directory
 
     if isinstance(heads, EagleHead):
         return "eagle"
     if isinstance(heads, (str, os.PathLike)):
-        from heads.checkpoint import read_config
-
-        raw = read_config(heads, "a heads directory")
-        return "eagle" if is_eagle_config(raw) else "medusa"
+        return "eagle" if is_eagle_directory(heads) else "medusa"
     return "medusa"
 
 

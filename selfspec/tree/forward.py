@@ -19,6 +19,7 @@ from selfspec.draft_length.verify_cost import prior_verify_cost
 from selfspec.kernel.quantized import quantized_weights
 from selfspec.target import TargetModel
 from selfspec.tree.draft_tree import DraftTree
+from selfspec.hf_compat import cache_arg
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -44,7 +45,7 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
     positions = past + tree.position_offsets().to(device)  # [num_nodes + 1]
     mask = tree_attention_mask(tree, past, target.dtype, device)
     out = target.decoder(
-        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], cache=cache.hf_cache, use_cache=True,
+        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], **cache_arg(cache.hf_cache), use_cache=True,
         **target.decoder_options,
     )
     return target.states(out)[0]

@@ -85,3 +85,45 @@ def test_a_fresh_head_adds_a_few_percent_at_most_for_a_real_shape():
     head = EagleHead.for_model(model)
     base_params = 134_515_008  # SmolLM2-135M-Instruct
     assert 0.02 < head.num_parameters / base_params < 0.05
+
+
+def test_the_kind_of_a_heads_directory_is_read_from_it_whatever_its_format(tmp_path):
+    """`SelfSpecModel(model, heads=DIR)` with no drafter= picks the drafter of the directory's kind: EAGLE for
+    selfspec's EAGLE format, a speculators EAGLE-3 draft, SafeAILab's EAGLE-3 and EAGLE-1 heads and vLLM's EAGLE-1
+    export; Medusa for selfspec's, published and vLLM's Medusa heads. Medusa's loader refuses every EAGLE one."""
+    from safetensors.torch import save_file
+
+    from heads import MedusaHeads
+    from heads.eagle import is_eagle_directory
+    from selfspec import SelfSpecModel
+    from tests.conftest import random_prompt
+    from tests.heads import published_eagle as published
+    from tests.heads import test_eagle_speculators as spec
+
+    model = tiny_model(num_layers=8)
+    EagleHead.for_model(model).save_pretrained(tmp_path / "selfspec-eagle")
+    spec.write(tmp_path / "speculators", spec.speculators_config(), spec.speculators_weights(model))
+    safeailab = {k.replace("layers.0.", "midlayer."): v for k, v in spec.speculators_weights(model).items()}
+    published.write_published(tmp_path / "safeailab-eagle3", safeailab, spec.safeailab_config())
+    config = published.published_config(model)
+    published.write_published(tmp_path / "eagle1", published.random_published_weights(model, config), config)
+    EagleHead.for_model(model, layout="eagle1").save_pretrained(tmp_path / "vllm-eagle1", format="vllm")
+    MedusaHeads.for_model(model, num_heads=2).save_pretrained(tmp_path / "selfspec-medusa")
+    MedusaHeads.for_model(model, num_heads=2).save_pretrained(tmp_path / "vllm-medusa", format="vllm", model=model)
+    (tmp_path / "medusa").mkdir()
+    (tmp_path / "medusa" / "config.json").write_text('{"medusa_num_heads": 1, "medusa_num_layers": 1}')
+    save_file({"0.0.linear.weight": torch.zeros(32, 32), "0.0.linear.bias": torch.zeros(32)},
+              str(tmp_path / "medusa" / "medusa_lm_head.safetensors"))
+    eagle = ("selfspec-eagle", "speculators", "safeailab-eagle3", "eagle1", "vllm-eagle1")
+    for name in eagle + ("selfspec-medusa", "vllm-medusa", "medusa"):
+        assert is_eagle_directory(tmp_path / name) == (name in eagle), name
+        drafter = SelfSpecModel(model, heads=str(tmp_path / name)).drafter
+        assert type(drafter).__name__ == ("EagleDrafter" if name in eagle else "MedusaDrafter"), name
+        if name in eagle:
+            with pytest.raises(ValueError, match="holds an EAGLE head, not Medusa heads"):
+                MedusaHeads.from_pretrained(tmp_path / name, model=model)
+    spec_model = SelfSpecModel(model, heads=str(tmp_path / "speculators"))
+    assert spec_model.target.feature_layers == spec.AUX  # the draft's auxiliary layers, handed over by the target
+    prompt = random_prompt(6)
+    plain = model.generate(prompt, max_new_tokens=8, do_sample=False)
+    assert torch.equal(spec_model.generate(prompt, max_new_tokens=8).sequences, plain)

@@ -1,7 +1,9 @@
 """EAGLE-3 heads (`EagleConfig.feature_layers`): they fuse the base's final state with the named layers' states,
 feed their own predictions back unfused, round-trip through their checkpoint, start as "take the final state", and
-widen a final-state head without changing what it computes. The modules import without a cycle."""
+widen a final-state head without changing what it computes; layers given in any order are kept ascending. The modules
+import without a cycle."""
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -22,10 +24,11 @@ def noisy(head, scale=0.1, seed=0):
     return head.eval()
 
 
-def wide_rows(model, length=5):
-    """[1, length, 3H] the rows the target hands an EAGLE-3 head of LAYERS: final state, hidden_states 1 and 2."""
+def wide_rows(model, length=5, layers=LAYERS):
+    """[1, length, 3H] the rows the target hands an EAGLE-3 head of LAYERS: final state, hidden_states 1 and 2 (or
+    those of `layers`)."""
     out = model.get_decoder()(input_ids=torch.arange(3, 3 + length)[None], output_hidden_states=True)
-    return torch.cat([out.last_hidden_state] + [out.hidden_states[l] for l in LAYERS], dim=-1).detach()
+    return torch.cat([out.last_hidden_state] + [out.hidden_states[l] for l in layers], dim=-1).detach()
 
 
 def test_a_fresh_eagle3_head_computes_what_a_fresh_final_state_head_does():
@@ -107,3 +110,45 @@ def test_a_selfspec_layout_head_is_not_written_in_the_speculators_format(tmp_pat
     with pytest.raises(ValueError, match="unknown EAGLE head format"):
         head.save_pretrained(tmp_path / "out", format="speculator")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("layout", ["selfspec", "eagle3"])
+def test_feature_layers_given_in_any_order_are_kept_ascending_and_draft_as_the_sorted_ones(tmp_path, layout):
+    """vLLM concatenates the auxiliary states in ascending layer order: a head asked for layers 3 1 2 is the head of
+    1 2 3 (config, weights, drafts), and a checkpoint written for 3 1 2 (fc's column blocks and the per-slot norms in
+    that order, as one trained before heads sorted them) loads as that same function."""
+    from safetensors.torch import load_file, save_file
+
+    from selfspec import SelfSpecModel
+    from tests.conftest import random_prompt
+
+    model = tiny_model(num_layers=4)
+    heads = []
+    for layers in ((3, 1, 2), (1, 2, 3)):
+        torch.manual_seed(0)
+        heads.append(noisy(EagleHead.for_model(model, layout=layout, feature_layers=layers)))
+    given, ascending = heads
+    assert given.config.feature_layers == (1, 2, 3)
+    for name, tensor in ascending.state_dict().items():
+        assert torch.equal(given.state_dict()[name], tensor), name
+    outputs = [SelfSpecModel(model, heads=h).generate(random_prompt(6), max_new_tokens=12, eos_token_id=[])
+               for h in heads]
+    assert outputs[0].stats.drafted > 0 and torch.equal(outputs[0].sequences, outputs[1].sequences)
+    # a checkpoint written in the order 3 1 2
+    ascending.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "feature_layers": [3, 1, 2]}))
+    state = load_file(tmp_path / "model.safetensors")
+    first = 0 if layout == "eagle3" else 1  # "selfspec": slot 0 is the final state
+    slots = list(range(first)) + [first + i for i in (2, 0, 1)]  # the slots of layers 3, 1, 2
+    state["feature_fc.weight"] = torch.cat([state["feature_fc.weight"][:, 32 * i: 32 * (i + 1)] for i in slots], 1)
+    if layout == "selfspec":
+        norms = {i: state[f"slot_norms.{i}.weight"] for i in range(4)}
+        state.update({f"slot_norms.{j}.weight": norms[i] for j, i in enumerate(slots)})
+    save_file(state, tmp_path / "model.safetensors")
+    loaded = EagleHead.from_pretrained(tmp_path, model=model)
+    assert loaded.config.feature_layers == (1, 2, 3)
+    rows = wide_rows(model, layers=(1, 2, 3))
+    embeddings = model.get_input_embeddings()(torch.arange(4, 9)[None]).detach()
+    torch.testing.assert_close(loaded(rows, embeddings, torch.arange(5)[None]),
+                               ascending(rows, embeddings, torch.arange(5)[None]), rtol=0, atol=0)

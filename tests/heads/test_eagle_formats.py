@@ -77,8 +77,9 @@ def test_other_checkpoints_are_refused_clearly(tmp_path):
     model = tiny_model()
     config = published.published_config(model)
     weights = published.random_published_weights(model, config)
+    # `midlayer.*` makes it SafeAILab's EAGLE-3 layout (read in test_eagle_speculators.py), whose fc this one's is not
     published.write_published(tmp_path / "eagle3", {**weights, "midlayer.hidden_norm.weight": torch.ones(32)}, config)
-    with pytest.raises(NotImplementedError, match="EAGLE-3"):
+    with pytest.raises(ValueError, match=r"fc.weight has shape \(32, 64\), its config.json implies \(32, 32\)"):
         EagleHead.from_pretrained(tmp_path / "eagle3", model=model)
     incomplete = {k: v for k, v in weights.items() if "down_proj" not in k}
     published.write_published(tmp_path / "incomplete", incomplete, config)

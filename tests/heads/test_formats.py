@@ -220,6 +220,38 @@ def test_vllm_export_carries_the_base_logit_scale(tmp_path):
     assert "logit_scale" not in json.loads((tmp_path / "plain" / "config.json").read_text())
 
 
+def test_vllm_export_of_heads_with_a_draft_vocabulary_writes_vllms_token_map(tmp_path):
+    """Heads drafting among N tokens export vLLM's `token_map` (their draft vocabulary, in its order) with
+    `truncated_vocab_size` N and the base LM head's N rows; read as vLLM's Medusa reads it (the one LM head's rows,
+    logits -inf outside the map) it scores what selfspec drafts from, and it reads back with the same draft
+    vocabulary. Own LM heads, which vLLM builds over the whole vocabulary and cannot combine with a token map, are
+    refused. Catches (planted): the export without the token map (vLLM then drafts over the whole vocabulary)."""
+    model = tiny_model()
+    draft_vocab = torch.tensor([40, 3, 95, 17, 60, 8, 21, 77])  # most frequent first, not sorted
+    heads = asymmetric(MedusaHeads.for_model(model, num_heads=2, num_layers=2, draft_vocab=draft_vocab))
+    heads.save_pretrained(tmp_path / "vllm", format="vllm", model=model)
+    config = json.loads((tmp_path / "vllm" / "config.json").read_text())
+    assert (config["vocab_size"], config["truncated_vocab_size"], config["original_lm_head"]) == (VOCAB, 8, True)
+    weights = load_file(str(tmp_path / "vllm" / "model.safetensors"))
+    assert torch.equal(weights["token_map"], draft_vocab) and weights["token_map"].dtype == torch.int64
+    assert torch.equal(weights["lm_heads.0.weight"], model.lm_head.weight[draft_vocab])
+    hidden = hidden_of(model)
+    token_map = weights["token_map"]
+    draft = vllm_medusa_logits(weights, config, hidden)  # [T, heads, N]: the one LM head holds the map's rows
+    theirs = torch.full((*draft.shape[:-1], VOCAB), -torch.inf, dtype=draft.dtype)
+    theirs[..., token_map] = draft  # vLLM's compute_logits with a token map
+    ours = heads(hidden, lambda x: x @ model.lm_head.weight[heads.draft_vocab].T)  # [T, heads, N], as drafted
+    torch.testing.assert_close(theirs[..., heads.draft_vocab], ours, rtol=0, atol=1e-10)
+    assert torch.isinf(theirs).sum() == theirs[..., 0].numel() * (VOCAB - 8)
+    loaded = MedusaHeads.from_pretrained(tmp_path / "vllm", model=model)
+    assert torch.equal(loaded.draft_vocab, draft_vocab) and loaded.config.draft_vocab_size == 8
+    assert torch.equal(loaded(hidden, model.lm_head), heads(hidden, model.lm_head))
+    own = MedusaHeads.for_model(model, num_heads=2, share_lm_head=False, draft_vocab=draft_vocab)
+    with pytest.raises(ValueError, match="draft among 8 tokens with their own LM heads.*--draft-vocab-size 0"):
+        own.save_pretrained(tmp_path / "own", format="vllm", model=model)
+    assert not (tmp_path / "own").exists()
+
+
 def test_vllm_export_refuses_another_base(tmp_path):
     heads = MedusaHeads.for_model(tiny_model())
     with pytest.raises(ValueError, match="different base model"):

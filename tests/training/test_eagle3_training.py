@@ -18,10 +18,14 @@ from training.recipes import EagleRecipe, recipe_for, resolve_feature_layers
 
 def test_feature_layers_flag_takes_auto_or_indices_and_refuses_others():
     auto = parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle", "--feature-layers", "auto"])
-    listed = parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle", "--feature-layers", "2", "15"])
+    listed = parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "eagle", "--feature-layers", "27", "2",
+                         "15"])
     assert recipe_for(auto, 30).feature_layers == (2, 15, 27)  # EAGLE-3's low, middle and high layers
-    assert recipe_for(listed, 30).feature_layers == (2, 15)
+    assert recipe_for(listed, 30).feature_layers == (2, 15, 27)  # ascending, as vLLM concatenates them
+    assert EagleRecipe(feature_layers=(3, 1)).feature_layers == (1, 3)
     assert default_feature_layers(4) == (1, 2) and default_feature_layers(32) == (2, 16, 29)
+    # three distinct layers (what vLLM's EAGLE-3 reads) from 7 layers on, as docs/training.md says
+    assert [len(default_feature_layers(n)) for n in range(2, 9)] == [1, 2, 2, 1, 2, 3, 3]
     with pytest.raises(SystemExit):
         parse_args(["--model", "m", "--out", "o", "--chat", "--kind", "medusa", "--feature-layers", "auto"])
     with pytest.raises(ValueError, match="beyond"):
@@ -86,10 +90,11 @@ def test_init_of_a_final_state_head_warm_starts_an_eagle3_head_that_trains_and_d
 
 def test_the_eagle3_layout_trains_with_its_own_lm_head_and_exports_to_the_speculators_format(tmp_path, model_dir,
                                                                                               texts):
-    """`--eagle-layout eagle3 --feature-layers auto` trains the speculators format's EAGLE-3 (its own LM head over
-    the draft vocabulary too); the result drafts exactly and survives export to that format."""
+    """`--eagle-layout eagle3 --feature-layers 2 0 1` trains the speculators format's EAGLE-3 (its own LM head over
+    the draft vocabulary too) on three layers of the 3-layer base, kept ascending; the result drafts exactly and
+    survives export to that format (which `auto`'s two layers of a base that small would not: vLLM reads three)."""
     common = dict(kind="eagle", data=(str(texts / "train.txt"),), eval_data=(str(texts / "heldout.txt"),),
-                  eagle_passes=2, lr=1e-2, eagle_layout="eagle3", feature_layers=("auto",), draft_vocab_size=48)
+                  eagle_passes=2, lr=1e-2, eagle_layout="eagle3", feature_layers=("2", "0", "1"), draft_vocab_size=48)
     out = tmp_path / "eagle3"
     result = run(settings(model_dir, out, max_steps=20, **common), progress_bar=False)
     log = json.loads((out / "train_log.json").read_text())
@@ -99,7 +104,7 @@ def test_the_eagle3_layout_trains_with_its_own_lm_head_and_exports_to_the_specul
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     head = EagleHead.from_pretrained(out, model=model)
-    assert head.config.layout == "eagle3" and head.config.feature_layers == (1, 2) and len(head.draft_vocab) == 48
+    assert head.config.layout == "eagle3" and head.config.feature_layers == (0, 1, 2) and len(head.draft_vocab) == 48
     assert torch.equal(head.draft_vocab, head.draft_vocab.sort().values)  # ascending, as the format's d2t holds ids
     head.save_pretrained(tmp_path / "speculators", format="speculators", model=model)
     exported = EagleHead.from_pretrained(tmp_path / "speculators", model=model)

@@ -21,7 +21,7 @@ from tests.selfspec.drafters.test_eagle import (NUM_NEW, PROMPT, assert_greedy_e
 from tests.selfspec.exactness import exact_continuation_law, law_model, law_pvalue
 from tests.selfspec.exercised import assert_exercised, totals
 
-LAYERS = (1, 2)  # of a 4-layer tiny model: hidden_states 1 and 2, beside the final state
+LAYERS = (1, 2, 3)  # of a 4-layer tiny model: hidden_states 1, 2 and 3 beside the final state (vLLM's EAGLE-3 reads 3)
 LAYOUTS = ("selfspec", "eagle3")  # the base's LM head over the whole vocabulary; its own LM head over a draft vocabulary
 DRAFT_VOCAB_SIZE = 48  # an "eagle3" head's, of 96: greedy continuations leave it at times, which drafts cannot follow
 

@@ -25,7 +25,7 @@ def model_and_head():
 
 def test_a_head_through_the_speculators_format_drafts_the_same(model_and_head, tmp_path):
     model, head = model_and_head
-    head.save_pretrained(tmp_path, format="speculators", model=model)
+    head.save_pretrained(tmp_path, format="speculators", model=model, verifier_name_or_path="org/tiny-llama")
     loaded = EagleHead.from_pretrained(tmp_path, model=model)
     outputs = []
     for drafting in (head, loaded):
