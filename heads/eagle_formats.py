@@ -155,7 +155,8 @@ def save_vllm(head, directory, model=None) -> None:
     # clone: a tied embedding shares storage with the LM head, and safetensors refuses shared tensors
     state = {k: v.detach().to("cpu", dtype).contiguous().clone() for k, v in state.items()}
     vllm_config = head.layer_config.to_dict()
-    vllm_config = {k: v for k, v in vllm_config.items() if not k.startswith("_")}  # runtime fields (attention impl)
+    # runtime fields (attention impl) out; and the base's quantization_config (a GGUF base's): the draft is plain weights
+    vllm_config = {k: v for k, v in vllm_config.items() if not k.startswith("_") and k != "quantization_config"}
     vllm_config.update({
         "architectures": [VLLM_ARCHITECTURE],
         "model_type": "llama",

@@ -129,7 +129,10 @@ def save_speculators(head, directory, model=None, verifier_name_or_path: str | N
     # clone: a tied embedding shares storage with the LM head, and safetensors refuses shared tensors
     state = {k: v.detach().to("cpu", dtype if v.is_floating_point() else v.dtype).contiguous().clone()
              for k, v in state.items()}
-    layer = {k: v for k, v in head.layer_config.to_dict().items() if not k.startswith("_") and k != "architectures"}
+    # the draft's layers hold plain weights, whatever the base was loaded from (vLLM refuses a GGUF base's
+    # quantization_config on the draft)
+    layer = {k: v for k, v in head.layer_config.to_dict().items()
+             if not k.startswith("_") and k not in ("architectures", "quantization_config")}
     dtype_name = str(dtype).removeprefix("torch.")
     layer.update(num_hidden_layers=config.num_layers, hidden_size=config.base.hidden_size, vocab_size=vocab_size,
                  model_type=layer_type, torch_dtype=dtype_name, dtype=dtype_name)

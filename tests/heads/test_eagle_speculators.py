@@ -406,3 +406,16 @@ def test_a_safeailab_eagle3_head_reads_as_the_converter_maps_it(tmp_path, file):
         EagleHead.from_pretrained(tmp_path / "default")
     with pytest.raises(ValueError, match=r"fc.weight has shape \(32, 96\), its config.json implies \(32, 64\)"):
         EagleHead.from_pretrained(tmp_path / "default", model=tiny_model(num_layers=4))  # the defaults: 1, 2
+
+
+def test_the_export_of_a_head_for_a_gguf_loaded_base_carries_no_quantization_config(tmp_path):
+    """A GGUF-loaded base's config says quantization_config {"quant_method": "gguf"}; the head's layer config comes from
+    it, and vLLM refused the draft for it ("Unknown quantization method: gguf"): the draft's weights are plain."""
+    model = tiny_model(num_layers=4)
+    model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "model.Q4_1.gguf", "dequantize": False}
+    head = perturbed_eagle3(model)
+    assert "quantization_config" in head.layer_config.to_dict()  # (what the export has to leave out)
+    head.save_pretrained(tmp_path, format="speculators", model=model, verifier_name_or_path=VERIFIER)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert "quantization_config" not in config["transformer_layer_config"]
+    assert "quantization_config" not in json.dumps(config)
