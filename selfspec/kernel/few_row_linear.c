@@ -541,3 +541,244 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
     }
     return 0;
 }
+
+/* ---- GGUF blocks times int8 activations: integer dot products (llama.cpp's method; quantized.py's "int8" backend)
+ * The float path above widens every weight to float32; this one rounds each row of x to int8 per block of 32 (the
+ * block's scale dx = max |x| / 127, q = x * (1 / dx) rounded to the nearest, ties to even) and multiplies whole blocks
+ * in integers. Each output is this sum, in this order, on every path and whatever the rows beside it (so a row's
+ * result never depends on its neighbours, and the three paths below agree bit for bit):
+ *   for each block b in k order, 8 lanes l (bytes 4l .. 4l + 3 of the block):
+ *     acc[l] = acc[l] + (float)isum[b][l] * (dw[b] * dx[b])        (isum: the exact int32 sum of 4 products)
+ *   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
+ *   Q4_1 also: msum = msum + m[b] * sx[b] over the blocks in k order (sx = dx * sum of the block's q), y = y + msum
+ * with the weight's integers Q8_0 q, Q4_0 nibble - 8, Q4_1 nibble, each product rounded on its own (no fused
+ * multiply-add). Paths, chosen per call by what the CPU has (`__builtin_cpu_supports`), each function compiled for its
+ * own instructions, so one build runs on every x86 CPU: AVX-512 VNNI (vpdpbusd on 256-bit vectors, four weight
+ * rows by four rows of x at a time), AVX2 (vpmaddubsw + vpmaddwd: no pair of products reaches the int16 limit, so the
+ * same integers; two weight rows by four rows of x), and a scalar path (the definition, written out). The signed
+ * weights (Q8_0, Q4_0) multiply as |w| times x with w's sign, as the unsigned-by-signed instructions need. */
+#include <math.h>
+
+enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_VNNI = 2 };
+#define INT8_PASS_ROWS 4  /* rows of x per pass over a few weight rows (their blocks stay in L1 between passes) */
+
+/* x [rows, k_dim] -> xq [rows, k_dim] int8, xd [rows, k_dim / 32] scales, xs [rows, k_dim / 32] dx * sum of q. */
+static void quantize_activations(const float *x, long rows, long k_dim, int8_t *xq, float *xd, float *xs) {
+    for (long i = 0; i < rows * (k_dim / QK); i++) {
+        const float *v = x + i * QK;
+        float amax = 0.0f;
+        for (int j = 0; j < QK; j++)
+            amax = fabsf(v[j]) > amax ? fabsf(v[j]) : amax;
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < QK; j++) {
+            float r = __builtin_nearbyintf(v[j] * id);  /* (the default rounding: to nearest, ties to even) */
+            r = r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r;
+            xq[i * QK + j] = (int8_t)r;
+            sum += (int)r;
+        }
+        xd[i] = d;
+        xs[i] = d * (float)sum;
+    }
+}
+
+/* The weight integers of one block, in order (byte j: weight j). */
+static inline void block_integers(const int type, const uint8_t *b, int8_t *q) {
+    if (type == Q8_0) {
+        memcpy(q, b + 2, QK);
+        return;
+    }
+    const uint8_t *qs = b + (type == Q4_1 ? 4 : 2);
+    const int offset = type == Q4_0 ? 8 : 0;
+    for (int j = 0; j < QK / 2; j++) {
+        q[j] = (int8_t)((qs[j] & 15) - offset);
+        q[QK / 2 + j] = (int8_t)((qs[j] >> 4) - offset);
+    }
+}
+
+/* The scalar path: the sum above, one output at a time. */
+static void int8_weight_rows_scalar(const int type, const int8_t *xq, const float *xd, const float *xs, long rows,
+                                    long k_dim, const uint8_t *w, long n_lo, long n_hi, long ldy, float *y) {
+    const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block, blocks = k_dim / QK;
+    for (long n = n_lo; n < n_hi; n++)
+        for (long r = 0; r < rows; r++) {
+            float acc[8] = {0}, msum = 0.0f;
+            for (long b = 0; b < blocks; b++) {
+                const uint8_t *block = w + n * row_bytes + b * per_block;
+                const int8_t *xb = xq + r * k_dim + b * QK;
+                int8_t q[QK];
+                block_integers(type, block, q);
+                const float scale = half_at(block) * xd[r * blocks + b];
+                for (int l = 0; l < 8; l++) {
+                    int isum = 0;
+                    for (int i = 4 * l; i < 4 * l + 4; i++)
+                        isum += q[i] * xb[i];
+                    acc[l] = acc[l] + (float)isum * scale;
+                }
+                if (type == Q4_1)
+                    msum = msum + half_at(block + 2) * xs[r * blocks + b];
+            }
+            float out = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            y[r * ldy + n] = type == Q4_1 ? out + msum : out;
+        }
+}
+
+/* 8 lanes summed in the order above. */
+INLINE float int8_lanes_sum(__m256 v) {
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* t[i] = lane i + lane 4 + i */
+    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                  /* t0 + t2, t1 + t3 */
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+/* One block's 32 weight integers in a vector (byte j: weight j). */
+INLINE __m256i int8_block_vector(const int type, const uint8_t *b) {
+    if (type == Q8_0)
+        return _mm256_loadu_si256((const __m256i *)(b + 2));
+    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (type == Q4_1 ? 4 : 2))), low = _mm_set1_epi8(15);
+    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
+    return type == Q4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
+}
+
+/* One path's kernel: weight rows n_lo .. n_hi - 1 against every row of the quantized x, W_MAX weight rows by up to
+ * INT8_PASS_ROWS rows of x at a time (accumulators in registers). DOT(u, s): 8 int32 lanes, lane l the sum of the
+ * products of bytes 4l .. 4l + 3 of u (unsigned) and s (signed). Written once as a macro because each path's
+ * instructions may be inlined only into functions compiled for them. */
+#define INT8_PATH(ISA, TARGET, W_MAX, DOT)                                                                           \
+__attribute__((always_inline, target(TARGET))) static inline void int8_tile_##ISA(                                   \
+        const int P, const int W, const int type, const int8_t *xq, const float *xd, const float *xs, long k_dim,    \
+        const uint8_t *w, long ldy, float *y) {                                                                      \
+    const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block, blocks = k_dim / QK;               \
+    __m256 acc[INT8_PASS_ROWS][W_MAX];                                                                               \
+    _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) acc[r][j] = _mm256_setzero_ps();                        \
+    for (long b = 0; b < blocks; b++) {                                                                              \
+        __m256i wq[W_MAX], wu[W_MAX];  /* the weight integers; unsigned: the integers, or their magnitudes */       \
+        __m256 dw[W_MAX];                                                                                            \
+        _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) {                                                        \
+            const uint8_t *block = w + j * row_bytes + b * per_block;                                               \
+            dw[j] = _mm256_set1_ps(half_at(block));                                                                  \
+            wq[j] = int8_block_vector(type, block);                                                                  \
+            wu[j] = type == Q4_1 ? wq[j] : _mm256_abs_epi8(wq[j]);                                                  \
+        }                                                                                                            \
+        _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) {                                                        \
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k_dim + b * QK));                      \
+            const __m256 dx = _mm256_set1_ps(xd[r * blocks + b]);                                                   \
+            _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) {                                                    \
+                const __m256i isum = DOT(wu[j], type == Q4_1 ? xv : _mm256_sign_epi8(xv, wq[j]));                   \
+                const __m256 scale = _mm256_mul_ps(dw[j], dx);  /* (dw * dx, as one float product) */               \
+                acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), scale));               \
+            }                                                                                                        \
+        }                                                                                                            \
+    }                                                                                                                \
+    _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                              \
+        _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) y[r * ldy + j] = int8_lanes_sum(acc[r][j]);             \
+    if (type == Q4_1) {                                                                                              \
+        float msum[INT8_PASS_ROWS][W_MAX] = {{0}};                                                                   \
+        for (long b = 0; b < blocks; b++)                                                                            \
+            _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) {                                                    \
+                const float m = half_at(w + j * row_bytes + b * per_block + 2);                                     \
+                _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) msum[r][j] = msum[r][j] + m * xs[r * blocks + b]; \
+            }                                                                                                        \
+        _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                          \
+            _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) y[r * ldy + j] = y[r * ldy + j] + msum[r][j];       \
+    }                                                                                                                \
+}                                                                                                                    \
+                                                                                                                     \
+__attribute__((target(TARGET))) static void int8_weight_rows_##ISA(                                                  \
+        const int type, const int8_t *xq, const float *xd, const float *xs, long rows, long k_dim, const uint8_t *w, \
+        long n_lo, long n_hi, long ldy, float *y) {                                                                  \
+    const long row_bytes = k_dim / QK * block_bytes(type), blocks = k_dim / QK;                                      \
+    for (long n = n_lo; n < n_hi;) {                                                                                 \
+        const int W = n_hi - n >= W_MAX ? W_MAX : 1;                                                                 \
+        for (long m = 0; m < rows; m += INT8_PASS_ROWS) {                                                            \
+            const long P = rows - m < INT8_PASS_ROWS ? rows - m : INT8_PASS_ROWS;                                    \
+            const int8_t *xm = xq + m * k_dim;                                                                       \
+            const float *dm = xd + m * blocks, *sm = xs + m * blocks;                                                \
+            const uint8_t *wn = w + n * row_bytes;                                                                   \
+            float *yn = y + m * ldy + n;                                                                             \
+            /* (P, W and the type constants in each call: the loops unroll into registers) */                       \
+            _Pragma("GCC unroll 4") for (int p = 1; p <= INT8_PASS_ROWS; p++) {                                      \
+                if (p != P) continue;                                                                                \
+                if (W == W_MAX) {                                                                                    \
+                    if (type == Q4_0) int8_tile_##ISA(p, W_MAX, Q4_0, xm, dm, sm, k_dim, wn, ldy, yn);               \
+                    else if (type == Q4_1) int8_tile_##ISA(p, W_MAX, Q4_1, xm, dm, sm, k_dim, wn, ldy, yn);          \
+                    else int8_tile_##ISA(p, W_MAX, Q8_0, xm, dm, sm, k_dim, wn, ldy, yn);                            \
+                } else {                                                                                             \
+                    if (type == Q4_0) int8_tile_##ISA(p, 1, Q4_0, xm, dm, sm, k_dim, wn, ldy, yn);                   \
+                    else if (type == Q4_1) int8_tile_##ISA(p, 1, Q4_1, xm, dm, sm, k_dim, wn, ldy, yn);              \
+                    else int8_tile_##ISA(p, 1, Q8_0, xm, dm, sm, k_dim, wn, ldy, yn);                                \
+                }                                                                                                    \
+            }                                                                                                        \
+        }                                                                                                            \
+        n += W;                                                                                                      \
+    }                                                                                                                \
+}
+
+#define DOT_AVX2(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+#define DOT_VNNI(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+INT8_PATH(avx2, "avx2,fma,f16c", 2, DOT_AVX2)
+INT8_PATH(vnni, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", 4, DOT_VNNI)
+
+/* The int8 paths this CPU has: bit INT8_SCALAR always, INT8_AVX2, INT8_VNNI where it has their instructions. */
+int quantized_int8_paths(void) {
+    __builtin_cpu_init();
+    int paths = 1 << INT8_SCALAR;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        paths |= 1 << INT8_AVX2;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")
+            && __builtin_cpu_supports("avx512bw"))
+        paths |= 1 << INT8_VNNI;
+    return paths;
+}
+
+INLINE void int8_weight_rows(const int path, const int type, const int8_t *xq, const float *xd, const float *xs,
+                             long rows, long k_dim, const uint8_t *w, long n_lo, long n_hi, long ldy, float *y) {
+    if (path == INT8_VNNI) int8_weight_rows_vnni(type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, ldy, y);
+    else if (path == INT8_AVX2) int8_weight_rows_avx2(type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, ldy, y);
+    else int8_weight_rows_scalar(type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, ldy, y);
+}
+
+/* y [rows, n_dim] = x [rows, k_dim] (rounded to int8 per block) times w^T, w [n_dim] rows of GGUF blocks of `type`,
+ * any number of rows; k_dim % 32 == 0. path: INT8_SCALAR / INT8_AVX2 / INT8_VNNI, or -1 for the best this CPU has.
+ * Threads as the float path's (each output computed by one thread with the same code). Returns 0; -1 for a type it
+ * does not know, -2 for a path this CPU lacks, -3 where memory for the quantized x ran out (nothing written). */
+int quantized_linear_int8(int type, int path, const float *x, long rows, long k_dim, const uint8_t *w, long n_dim,
+                          float *y) {
+    const int paths = quantized_int8_paths();
+    if (!block_bytes(type) || k_dim % QK)
+        return -1;
+    if (path < 0)
+        path = paths & (1 << INT8_VNNI) ? INT8_VNNI : paths & (1 << INT8_AVX2) ? INT8_AVX2 : INT8_SCALAR;
+    if (path > INT8_VNNI || !(paths & (1 << path)))
+        return -2;
+    const long blocks = k_dim / QK;
+    int8_t *xq = malloc((size_t)rows * k_dim + 2 * (size_t)rows * blocks * sizeof(float) + 64);
+    if (!xq)
+        return -3;
+    float *xd = (float *)(xq + (rows * k_dim + 15) / 16 * 16), *xs = xd + rows * blocks;
+    quantize_activations(x, rows, k_dim, xq, xd, xs);
+    int threads = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel()) {
+        long most = n_dim * k_dim / WEIGHTS_PER_THREAD;
+        threads = omp_get_max_threads();
+        if (threads > most)
+            threads = (int)most;
+        if (threads > n_dim / 4)
+            threads = (int)(n_dim / 4);
+    }
+#endif
+    if (threads > 1) {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+        {
+            long quads = n_dim / 4, t = omp_get_thread_num(), T = omp_get_num_threads();
+            long n_lo = 4 * (quads * t / T), n_hi = t == T - 1 ? n_dim : 4 * (quads * (t + 1) / T);
+            int8_weight_rows(path, type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, n_dim, y);
+        }
+#endif
+    } else
+        int8_weight_rows(path, type, xq, xd, xs, rows, k_dim, w, 0, n_dim, n_dim, y);
+    free(xq);
+    return 0;
+}
