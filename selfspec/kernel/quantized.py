@@ -8,12 +8,8 @@ where BLAS's GEMM is the faster path. Every weight is the float32 value gguf's d
 GGUF loading) gives, so a layer's function is the dequantized layer's up to the order of float32 additions.
 
 Two backends compute a layer's products over the blocks (`QuantizedLinear(backend=...)`, or
-$SELFSPEC_QUANTIZED_BACKEND): "float" (the default: the dequantized layer's function, as above) and "int8"
-(llama.cpp's method: each row of x rounded to int8 per block of 32 with a float scale, blocks multiplied in integers
-by the kernel's `quantized_linear_int8`, for any number of rows, so the layer is one function whatever the rows;
-not the dequantized layer's function, since x is rounded, but each row's result is independent of the rows beside
-it, which is what the engine's exactness needs). "auto" times both once per machine and quantization type
-(`chosen_backend`) and takes "int8" only where it is clearly faster.
+$SELFSPEC_QUANTIZED_BACKEND; `backends.py`): "float", the default, as above, and "int8", llama.cpp's method
+(`int8.py`).
 
 `QuantizedWeight` stands where code reads a layer's `.weight` (shape, dtype, device; rows by indexing, dequantized
 on demand; other tensor uses dequantize the whole weight, a rare cost). It knows nothing of GGUF files or models:
@@ -22,18 +18,14 @@ on demand; other tensor uses dequantize the whole weight, a rare cost). It knows
 from __future__ import annotations
 
 import ctypes
-import json
-import logging
-import os
-import statistics
-import time
 from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 
-from selfspec.cache_dir import cache_dir
 from selfspec.kernel import few_row_linear
+from selfspec.kernel.backends import resolve_backend
+from selfspec.kernel.int8 import int8_linear
 
 # GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row
 # (gguf.GGML_QUANT_SIZES; the kernel's own table, tested equal).
@@ -43,15 +35,6 @@ BLOCK_WEIGHTS = 32
 MAX_ROWS = few_row_linear.MAX_ROWS
 # Weights dequantized at a time for products over more than MAX_ROWS rows (and whole-weight uses): 16 MB of float32.
 CHUNK_WEIGHTS = 1 << 22
-# How a QuantizedLinear computes its products: "float" (weights widened to float32, the dequantized layer's function),
-# "int8" (x rounded to int8 per block, integer dot products), "auto" (int8 where `chosen_backend` measured it faster).
-BACKENDS = ("auto", "float", "int8")
-BACKEND_ENV = "SELFSPEC_QUANTIZED_BACKEND"
-# The int8 kernel's code paths, by the kernel's numbering; every one computes the same sums (bit for bit).
-INT8_PATHS = ("scalar", "avx2", "vnni")
-# "auto" takes int8 where one row costs at most this fraction of the float path's time and MAX_ROWS rows no more.
-INT8_GAIN = 0.9
-logger = logging.getLogger(__name__)
 
 
 def unavailable_reason() -> str | None:
@@ -74,107 +57,6 @@ def _entry_points():
     return linear, rows
 
 
-@lru_cache(maxsize=1)
-def _int8_entry_points():
-    """(quantized_linear_int8, quantized_int8_paths) of the kernel's library; raises where it is unavailable."""
-    library = few_row_linear._kernel_library()
-    if library is None:
-        raise RuntimeError(f"selfspec's quantized kernel is unavailable: {unavailable_reason()}")
-    linear, paths = library.quantized_linear_int8, library.quantized_int8_paths
-    linear.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
-                       ctypes.c_long, ctypes.c_void_p]
-    linear.restype = paths.restype = ctypes.c_int
-    return linear, paths
-
-
-def int8_paths() -> tuple[str, ...]:
-    """The int8 kernel's code paths this CPU has (INT8_PATHS' names; "scalar" always), the last the one it takes."""
-    mask = _int8_entry_points()[1]()
-    return tuple(name for code, name in enumerate(INT8_PATHS) if mask >> code & 1)
-
-
-def int8_linear(x: torch.Tensor, weight: "QuantizedWeight", path: str | None = None) -> torch.Tensor:
-    """x [..., in_features] (float32, CPU) times the blocks of `weight`, x rounded to int8 per block of 32 and the
-    blocks multiplied in integers (the kernel's `quantized_linear_int8`, any number of rows). path: one of
-    `int8_paths()` (tests force each one), or None for the best this CPU has."""
-    linear = _int8_entry_points()[0]
-    if x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype}: expected float32 CPU rows of {weight.shape[1]}")
-    code = -1 if path is None else INT8_PATHS.index(path) if path in INT8_PATHS else None
-    if code is None:
-        raise ValueError(f"path={path!r}: expected one of {INT8_PATHS} or None")
-    x_rows = x.detach().contiguous()
-    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    status = linear(weight.qtype, code, x_rows.data_ptr(), x.numel() // weight.shape[1], weight.shape[1],
-                    weight.blocks.data_ptr(), weight.shape[0], out.data_ptr())
-    if status == -2:
-        raise ValueError(f"the int8 kernel's {path} path needs instructions this CPU lacks (it has {int8_paths()})")
-    if status:
-        raise RuntimeError(f"the int8 kernel failed ({status})")
-    return out
-
-
-def resolve_backend(setting: str | None, qtype: int | str) -> str:
-    """"float" or "int8" for a layer of GGUF type `qtype`: setting None reads $SELFSPEC_QUANTIZED_BACKEND (default
-    "float"); "auto" is `chosen_backend(qtype)`."""
-    setting = setting if setting is not None else os.environ.get(BACKEND_ENV) or "float"
-    if setting not in BACKENDS:
-        raise ValueError(f"quantized backend {setting!r} (argument or ${BACKEND_ENV}): expected one of {BACKENDS}")
-    return chosen_backend(type_id(qtype)) if setting == "auto" else setting
-
-
-@lru_cache(maxsize=None)
-def chosen_backend(qtype: int) -> str:
-    """The faster backend for weights of GGUF type `qtype` on this machine, measured once (`measure_backends`) and
-    kept in the selfspec cache directory per kernel build and thread count: "int8" where one row costs at most
-    INT8_GAIN of the float path's time and MAX_ROWS rows no more, else "float"."""
-    key = f"{few_row_linear.kernel_version()}-{torch.get_num_threads()}threads"
-    path = cache_dir() / "quantized" / f"backends-{key}.json"
-    try:
-        known = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        known = {}
-    name = next(name for name, code in TYPES.items() if code == qtype)
-    if name not in known:
-        times = measure_backends(qtype)
-        faster = (times["int8"][1] <= INT8_GAIN * times["float"][1]
-                  and times["int8"][MAX_ROWS] <= times["float"][MAX_ROWS])
-        known[name] = {"backend": "int8" if faster else "float", "ms": times}
-        logger.info("selfspec: %s products, float path %s ms, int8 path %s ms (1 / %d rows): backend %s", name,
-                    times["float"], times["int8"], MAX_ROWS, known[name]["backend"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f"{path.name}.{os.getpid()}")
-        scratch.write_text(json.dumps(known, indent=1))
-        os.replace(scratch, path)  # (atomic: a process reading it meanwhile sees the old file or the new)
-    return known[name]["backend"]
-
-
-def measure_backends(qtype: int, layers: int = 12, shape: tuple[int, int] = (2048, 2048), repeats: int = 5,
-                     timer=time.perf_counter) -> dict[str, dict[int, float]]:
-    """Median milliseconds of a pass through `layers` random weights of `shape` of GGUF type `qtype` (Q4_1: ~31 MB,
-    streamed from memory as a decode streams a model's layers), 1 and MAX_ROWS rows, through each backend: {"float":
-    {1: ms, MAX_ROWS: ms}, "int8": {...}}. Passes interleaved, after one warm-up pass each."""
-    weights = [random_weight(qtype, *shape, seed=i) for i in range(layers)]
-    linear = _entry_points()[0]
-    times = {"float": {}, "int8": {}}
-    for rows in (1, MAX_ROWS):
-        x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
-        out = torch.empty(rows, shape[0])
-        passes = {"float": [], "int8": []}
-        for _ in range(repeats + 1):
-            for backend in passes:
-                started = timer()
-                for weight in weights:
-                    if backend == "int8":
-                        int8_linear(x, weight)
-                    else:
-                        linear(qtype, x.data_ptr(), rows, shape[1], weight.blocks.data_ptr(), shape[0], out.data_ptr())
-                passes[backend].append(timer() - started)
-        for backend, seconds in passes.items():
-            times[backend][rows] = round(1e3 * statistics.median(seconds[1:]), 3)
-    return times
-
-
 def random_weight(qtype: int | str, out_features: int, in_features: int, seed: int = 0) -> "QuantizedWeight":
     """A QuantizedWeight of random integers with finite scales (for timings and tests; not gguf's quantizer's)."""
     qtype = type_id(qtype)
@@ -185,13 +67,6 @@ def random_weight(qtype: int | str, out_features: int, in_features: int, seed: i
     scales = (torch.rand(out_features, in_features // BLOCK_WEIGHTS, halves, generator=generator) * 0.02 - 0.005)
     blocks[..., :2 * halves] = scales.to(torch.float16).view(torch.uint8)
     return QuantizedWeight(blocks.reshape(out_features, -1).contiguous(), qtype, in_features)
-
-
-def use_backend(model: torch.nn.Module, backend: str | None) -> None:
-    """Set the backend of every QuantizedLinear of `model` (resolved as the constructor's `backend` argument)."""
-    for module in model.modules():
-        if isinstance(module, QuantizedLinear):
-            module.backend = resolve_backend(backend, module.weight.qtype)
 
 
 def type_id(qtype: int | str) -> int:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from selfspec import SelfSpecModel
+from selfspec.kernel import backends, int8
 from selfspec.kernel import quantized as q
 from selfspec.loading import load_model
 from tests.conftest import random_prompt, repetitive_prompt
@@ -64,18 +65,18 @@ def rows_of(rows, k_dim, seed):
     return x
 
 
-@pytest.fixture(params=q.INT8_PATHS)
+@pytest.fixture(params=int8.INT8_PATHS)
 def path(request, needs_kernel):
-    if request.param not in q.int8_paths():
-        pytest.skip(f"this CPU lacks the int8 kernel's {request.param} path (it has {q.int8_paths()})")
+    if request.param not in int8.int8_paths():
+        pytest.skip(f"this CPU lacks the int8 kernel's {request.param} path (it has {int8.int8_paths()})")
     return request.param
 
 
 def test_the_cpu_has_the_expected_paths(needs_kernel):
     cpu = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
-    assert q.int8_paths()[0] == "scalar"
-    assert ("avx2" in q.int8_paths()) == (" avx2" in cpu)
-    assert ("vnni" in q.int8_paths()) == (" avx512_vnni" in cpu and " avx512vl" in cpu and " avx512bw" in cpu)
+    assert int8.int8_paths()[0] == "scalar"
+    assert ("avx2" in int8.int8_paths()) == (" avx2" in cpu)
+    assert ("vnni" in int8.int8_paths()) == (" avx512_vnni" in cpu and " avx512vl" in cpu and " avx512bw" in cpu)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -84,7 +85,7 @@ def test_the_cpu_has_the_expected_paths(needs_kernel):
 def test_each_path_is_the_naive_reference_bit_for_bit(path, qtype, rows, n_dim, k_dim):
     x = rows_of(rows, k_dim, seed=rows)
     for weight in weights(qtype, n_dim, k_dim, seed=rows + n_dim):
-        y = q.int8_linear(x, weight, path)
+        y = int8.int8_linear(x, weight, path)
         assert y.shape == (rows, n_dim) and torch.equal(y, int8_reference(x, weight))
 
 
@@ -94,7 +95,7 @@ def test_the_result_is_the_float_product_up_to_rounding_x_to_int8(needs_kernel, 
     not the float path's result (the reference above would pass a kernel that did not round x: this would not)."""
     weight = weights(qtype, 37, 608, seed=3)[0]
     x = rows_of(5, 608, seed=3)
-    y, exact = q.int8_linear(x, weight).double(), x.double() @ weight.dequantize().double().T
+    y, exact = int8.int8_linear(x, weight).double(), x.double() @ weight.dequantize().double().T
     step = (x.view(5, -1, 32).abs().amax(-1) / 127).repeat_interleave(32, dim=1).double()  # [rows, k]
     bound = step / 2 @ weight.dequantize().double().abs().T
     assert ((y - exact).abs() <= 1.001 * bound + 1e-4).all()
@@ -107,9 +108,9 @@ def test_the_result_is_the_float_product_up_to_rounding_x_to_int8(needs_kernel, 
 def test_each_row_is_the_row_computed_alone(path, qtype, rows):
     weight = weights(qtype, 66, 160, seed=rows)[1]
     x = rows_of(rows, 160, seed=rows)
-    y = q.int8_linear(x, weight, path)
+    y = int8.int8_linear(x, weight, path)
     for i in range(rows):
-        assert torch.equal(q.int8_linear(x[i:i + 1], weight, path)[0], y[i]), f"row {i} of {rows}"
+        assert torch.equal(int8.int8_linear(x[i:i + 1], weight, path)[0], y[i]), f"row {i} of {rows}"
 
 
 def test_threads_do_not_change_the_result(needs_kernel):
@@ -117,9 +118,9 @@ def test_threads_do_not_change_the_result(needs_kernel):
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        alone = q.int8_linear(x, weight)
+        alone = int8.int8_linear(x, weight)
         torch.set_num_threads(2)
-        assert torch.equal(q.int8_linear(x, weight), alone)
+        assert torch.equal(int8.int8_linear(x, weight), alone)
     finally:
         torch.set_num_threads(threads)
 
@@ -127,22 +128,22 @@ def test_threads_do_not_change_the_result(needs_kernel):
 def test_a_missing_path_or_a_bad_backend_says_so(needs_kernel, monkeypatch):
     weight = q.random_weight("Q8_0", 4, 64)
     with pytest.raises(ValueError, match="expected one of"):
-        q.int8_linear(torch.ones(1, 64), weight, "avx512")
-    if "vnni" not in q.int8_paths():
+        int8.int8_linear(torch.ones(1, 64), weight, "avx512")
+    if "vnni" not in int8.int8_paths():
         with pytest.raises(ValueError, match="lacks"):
-            q.int8_linear(torch.ones(1, 64), weight, "vnni")
+            int8.int8_linear(torch.ones(1, 64), weight, "vnni")
     with pytest.raises(ValueError, match="expected one of"):
         q.QuantizedLinear(weight, backend="int4")
-    monkeypatch.setenv(q.BACKEND_ENV, "fast")
-    with pytest.raises(ValueError, match=q.BACKEND_ENV):
+    monkeypatch.setenv(backends.BACKEND_ENV, "fast")
+    with pytest.raises(ValueError, match=backends.BACKEND_ENV):
         q.QuantizedLinear(weight)
 
 
 def test_the_layer_takes_its_backend_for_every_row_count(needs_kernel, monkeypatch):
     weight, bias = q.random_weight("Q4_0", 40, 96, seed=2), torch.randn(40)
-    monkeypatch.delenv(q.BACKEND_ENV, raising=False)
+    monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
     assert q.QuantizedLinear(weight).backend == "float"  # the default
-    monkeypatch.setenv(q.BACKEND_ENV, "int8")
+    monkeypatch.setenv(backends.BACKEND_ENV, "int8")
     layer = q.QuantizedLinear(weight, bias)
     assert layer.backend == "int8" and "backend=int8" in repr(layer)
     for rows in (1, 4, 32, 50):  # more than MAX_ROWS too: one function whatever the rows
@@ -150,7 +151,7 @@ def test_the_layer_takes_its_backend_for_every_row_count(needs_kernel, monkeypat
         assert torch.equal(layer(x), (int8_reference(x[:, 0], weight) + bias)[:, None])
     x = torch.randn(3, 96, requires_grad=True)  # a gradient to record: the dequantized chunks, as before
     torch.testing.assert_close(layer(x), x @ weight.dequantize().T + bias)
-    q.use_backend(torch.nn.Sequential(layer), "float")
+    backends.use_backend(torch.nn.Sequential(layer), "float")
     assert layer.backend == "float"
 
 
@@ -161,20 +162,20 @@ def test_auto_measures_once_and_keeps_the_choice(needs_kernel, monkeypatch, tmp_
     def measure(qtype):
         measured.append(qtype)
         return {"float": {1: 10.0, q.MAX_ROWS: 30.0}, "int8": {1: 5.0 if qtype == 3 else 9.5, q.MAX_ROWS: 20.0}}
-    monkeypatch.setattr(q, "measure_backends", measure)
-    q.chosen_backend.cache_clear()
+    monkeypatch.setattr(backends, "measure_backends", measure)
+    backends.chosen_backend.cache_clear()
     try:
-        assert q.resolve_backend("auto", "Q4_1") == "int8"  # 0.5x of the float path's time
-        assert q.resolve_backend("auto", "Q8_0") == "float"  # 0.95x: not clearly faster
-        q.chosen_backend.cache_clear()  # a new process: the file decides, nothing measured again
-        assert q.resolve_backend("auto", "Q4_1") == "int8" and q.resolve_backend("auto", "Q8_0") == "float"
+        assert backends.resolve_backend("auto", "Q4_1") == "int8"  # 0.5x of the float path's time
+        assert backends.resolve_backend("auto", "Q8_0") == "float"  # 0.95x: not clearly faster
+        backends.chosen_backend.cache_clear()  # a new process: the file decides, nothing measured again
+        assert backends.resolve_backend("auto", "Q4_1") == "int8" and backends.resolve_backend("auto", "Q8_0") == "float"
         assert measured == [3, 8] and list(tmp_path.glob("quantized/backends-*.json"))
     finally:
-        q.chosen_backend.cache_clear()
+        backends.chosen_backend.cache_clear()
 
 
 def test_measuring_times_both_backends(needs_kernel):
-    times = q.measure_backends(q.TYPES["Q4_1"], layers=2, shape=(64, 128), repeats=1)
+    times = backends.measure_backends(q.TYPES["Q4_1"], layers=2, shape=(64, 128), repeats=1)
     assert set(times) == {"float", "int8"} and all(set(t) == {1, q.MAX_ROWS} for t in times.values())
     assert all(ms > 0 for t in times.values() for ms in t.values())
 
@@ -190,7 +191,7 @@ def int8_model(request, tmp_path):
     path = tmp_path / f"tiny.{request.param}.gguf"
     write_gguf(model, path, request.param)
     kept = load_model(path)
-    q.use_backend(kept, "int8")
+    backends.use_backend(kept, "int8")
     linears = [m for m in kept.modules() if isinstance(m, q.QuantizedLinear)]
     assert linears and all(m.backend == "int8" for m in linears)
     return kept
@@ -228,8 +229,8 @@ def test_the_avx2_build_computes_the_same_on_each_path(needs_kernel, qtype):
                        ctypes.c_long, ctypes.c_void_p]
     linear.restype = ctypes.c_int
     weight, x = weights(qtype, 37, 608, seed=5)[1], rows_of(9, 608, seed=5)
-    for name in q.int8_paths():
+    for name in int8.int8_paths():
         y = torch.empty(9, 37)
-        assert linear(weight.qtype, q.INT8_PATHS.index(name), x.data_ptr(), 9, 608, weight.blocks.data_ptr(), 37,
+        assert linear(weight.qtype, int8.INT8_PATHS.index(name), x.data_ptr(), 9, 608, weight.blocks.data_ptr(), 37,
                       y.data_ptr()) == 0
         assert torch.equal(y, int8_reference(x, weight)), name
