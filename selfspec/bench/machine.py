@@ -8,13 +8,23 @@ import time
 import torch
 
 
+# what the kernels' run-time choices depend on (and bitsandbytes' 4-bit CPU path: avx512_bf16)
+SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8")
+
+
 def machine_info(device: str, threads: int) -> dict:
     import transformers
 
+    from selfspec.kernel.backends import BACKEND_ENV
+
     cpu = platform.processor() or platform.machine()
+    flags: list[str] = []
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+            info = f.read().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+        present = set(next((line.split(":", 1)[1].split() for line in info if line.startswith("flags")), []))
+        flags = [flag for flag in SIMD_FLAGS if flag in present]
     except OSError:
         pass
     cuda = device.startswith("cuda")
@@ -23,6 +33,8 @@ def machine_info(device: str, threads: int) -> dict:
         "device": device,
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu,
         "cpu": cpu,
+        "cpu_flags": flags,  # the instruction sets the kernels choose their paths by
+        "quantized_backend": os.environ.get(BACKEND_ENV) or "float",  # kept GGUF blocks' products (kernel/backends.py)
         "cpus": os.cpu_count(),
         "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

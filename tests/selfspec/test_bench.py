@@ -768,3 +768,18 @@ def test_generate_runs_transformers_own_model_of_a_quantized_gguf_file(needs_ker
     assert not quantized_weights(plain.model) and plain.transformers_model is plain.model
     with pytest.raises(SystemExit):
         parse_args(["--quantized", "bogus"])
+
+
+def test_the_machine_record_names_the_cpus_instruction_sets_and_the_quantized_backend(monkeypatch):
+    from selfspec.bench.machine import SIMD_FLAGS, machine_info
+
+    monkeypatch.setenv("SELFSPEC_QUANTIZED_BACKEND", "int8")
+    machine = machine_info("cpu", 1)
+    assert machine["quantized_backend"] == "int8"
+    assert set(machine["cpu_flags"]) <= set(SIMD_FLAGS)
+    try:
+        present = open("/proc/cpuinfo").read()
+    except OSError:
+        return
+    if " avx2" in present:  # (every CPU the kernel builds for has it; the list reads what this one has)
+        assert "avx2" in machine["cpu_flags"]
