@@ -48,10 +48,12 @@ class SamplingConfig:
         return not self.do_sample
 
 
-def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+def warp_logits(logits: torch.Tensor, sampling: SamplingConfig, branch_free: bool = False) -> torch.Tensor:
     """Temperature, then top-k, then top-p, exactly as `generate(do_sample=True, ...)` chains them.
 
-    logits: [..., vocab]; returns float32 (or wider) logits with removed tokens set to -inf.
+    logits: [..., vocab]; returns float32 (or wider) logits with removed tokens set to -inf. branch_free: top-p by
+    tensor ops alone (no read of the scores on the host, no NumPy), for an accelerator or torch.compile; the same
+    result, at the cost of a sort with indices for every row (`_top_p_removed`).
     """
     scores = logits.to(torch.promote_types(logits.dtype, PROB_DTYPE))
     if sampling.temperature != 1.0:
@@ -61,11 +63,11 @@ def warp_logits(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         kth_best = torch.topk(scores, k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth_best, -math.inf)
     if sampling.top_p is not None and sampling.top_p < 1.0:
-        scores = scores.masked_fill(_top_p_removed(scores, sampling.top_p), -math.inf)
+        scores = scores.masked_fill(_top_p_removed(scores, sampling.top_p, branch_free), -math.inf)
     return scores
 
 
-def _top_p_removed(scores: torch.Tensor, top_p: float) -> torch.Tensor:
+def _top_p_removed(scores: torch.Tensor, top_p: float, branch_free: bool = False) -> torch.Tensor:
     """TopPLogitsWarper's mask: sort ascending, and drop the low tail whose cumulative softmax is <= 1 - top_p,
     always keeping the best token.
 
@@ -74,16 +76,20 @@ def _top_p_removed(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     boundary, where which of the tied tokens goes depends on the sort's order of equal values): then the sort with
     indices decides, as in `transformers`. The sorted values alone come from NumPy on a CPU (torch.sort of SmolLM2's
     49k scores costs ~5 ms on this project's CPU, a twelfth of a decode; NumPy's sort ~0.6 ms); the cumulative sums
-    are computed by the same torch ops on the same values in the same order, hence identical."""
+    are computed by the same torch ops on the same values in the same order, hence identical.
+    branch_free: every row takes the tie's rule (the sort with indices), which is the decision itself, so no read of
+    the scores decides which way to go (the batched verdicts, `verdicts.py`)."""
+    if branch_free:
+        sorted_scores, order = torch.sort(scores, descending=False, dim=-1)
+        sorted_remove = _sorted_tail(sorted_scores, top_p)
+        return sorted_remove.scatter(-1, order, sorted_remove)
     if scores.device.type == "cpu":
         import numpy as np
 
         sorted_scores = torch.from_numpy(np.sort(scores.detach().contiguous().numpy(), axis=-1))
     else:
         sorted_scores = torch.sort(scores, dim=-1).values
-    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-    sorted_remove = cumulative <= (1 - top_p)
-    sorted_remove[..., -1:] = False
+    sorted_remove = _sorted_tail(sorted_scores, top_p)
     num_removed = sorted_remove.sum(dim=-1, keepdim=True)  # [..., 1]; < vocab (the best token stays)
     last_removed = sorted_scores.gather(-1, (num_removed - 1).clamp(min=0))
     first_kept = sorted_scores.gather(-1, num_removed)
@@ -91,6 +97,14 @@ def _top_p_removed(scores: torch.Tensor, top_p: float) -> torch.Tensor:
         # torch.sort orders the same values, so sorted_remove stands; only its indices place the tied tokens.
         return sorted_remove.scatter(-1, torch.sort(scores, descending=False, dim=-1).indices, sorted_remove)
     return (scores <= last_removed) & (num_removed > 0)
+
+
+def _sorted_tail(sorted_scores: torch.Tensor, top_p: float) -> torch.Tensor:
+    """[..., vocab] scores sorted ascending -> [..., vocab] whether each sorted place is in the removed tail."""
+    cumulative = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+    sorted_remove = cumulative <= (1 - top_p)
+    sorted_remove[..., -1:] = False
+    return sorted_remove
 
 
 def logits_to_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:

@@ -29,7 +29,7 @@ def verify_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> Ve
 
 def accept_greedy(draft_tokens: list[int], target_tokens: list[int]) -> Verdict:
     """`verify_greedy` on the target's argmax already taken: target_tokens[i] is its argmax at position i
-    (num_draft_tokens + 1 of them). A batch takes every row's argmax in one call and verifies each row with this."""
+    (num_draft_tokens + 1 of them). The batched form, on the device: `verdicts.chain_verdicts`."""
     num_accepted = 0
     for draft_token, target_token in zip(draft_tokens, target_tokens):
         if draft_token != target_token:

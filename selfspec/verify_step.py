@@ -1,8 +1,9 @@
 """One verification step: the target's forward over the pending token and the draft (a chain, or a tree with its
 4D mask), the exact verdict, and the cache cut back to what was accepted (rollback by length for a chain; the
 accepted path moved into place for a tree); and a probe scored in shadow (`verify_in_shadow`, `score_probe`): plain
-decoding's step, with the probe's token scored against it. The decode loop and the batched loop both verify through
-`verify` and score probes through `score_probe`.
+decoding's step, with the probe's token scored against it. The decode loop verifies through `verify` and scores
+probes through `score_probe`; so does the batched loop for unseeded sampling (greedy and seeded rows are verified all
+at once by `verdicts.py`, tested equal to these).
 Knows the target, the cache and the verifiers; nothing about drafters or stopping.
 """
 from __future__ import annotations
@@ -16,18 +17,15 @@ from selfspec.tree.draft_tree import DraftTree
 from selfspec.tree.cache import keep_path, path_offsets
 from selfspec.tree.forward import tree_forward
 from selfspec.tree.verifier import verify_tree_greedy, verify_tree_keyed, verify_tree_sampled
-from selfspec.verifier import Verdict, accept_greedy, probe_accepted, verify_greedy, verify_keyed, verify_sampled
+from selfspec.verifier import Verdict, probe_accepted, verify_greedy, verify_keyed, verify_sampled
 
 
-def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator, first_position: int,
-           target_tokens: list[int] | None = None) -> Verdict:
+def verify(draft: Draft, target_logits: torch.Tensor, sampling: SamplingConfig, generator, first_position: int
+           ) -> Verdict:
     """A chain's verdict; row 0 of target_logits decides sequence position `first_position` (the pending token's
-    index + 1). target_tokens: greedy, the target's argmax at each row of target_logits when the caller took it
-    already (a batch, for all its rows in one call); None: taken here. A `PositionNoise` generator (a seed): the keyed
-    verifier; a torch.Generator or None: rejection sampling."""
+    index + 1). A `PositionNoise` generator (a seed): the keyed verifier; a torch.Generator or None: rejection
+    sampling. (A batch verifies greedy and seeded chains all at once: `verdicts.py`, tested equal to this.)"""
     if sampling.greedy:
-        if target_tokens is not None:
-            return accept_greedy(draft.tokens.tolist(), target_tokens)
         return verify_greedy(draft.tokens, target_logits)
     if isinstance(generator, PositionNoise):
         return verify_keyed(draft.tokens, target_logits, sampling, generator, first_position)

@@ -3,7 +3,9 @@
 One target forward per step serves every unfinished row. Each row keeps its own committed length (ragged rows in
 one `RaggedCache`), pending token, draft length, drafter state, random generator and stop conditions; per row the
 step is the single-sequence step of `engine.py` (propose, verify, accept, keep pending + accepted, feed back), with
-the same verifier, `draw`, stop conditions, draft-length policies and stats recorder. A row that finishes leaves
+the same verifier's rule, `draw`, stop conditions, draft-length policies and stats recorder. Greedy and seeded rows
+are verified all at once on the device (`verdicts.py`, tested equal to the eager verifier) and read back once per
+step; unseeded sampling verifies row by row with the eager verifier. A row that finishes leaves
 the batch (its cache rows are dropped), so it costs no more compute. EAGLE drafts every row at once
 (`drafters/eagle_batch.py`: one head forward per draft position, the head's own ragged cache following the batch's
 rows); so does early exit (`drafters/early_exit_batch.py`: one pass of the first layers per draft position through
@@ -46,6 +48,8 @@ from selfspec.sampling import SamplingConfig, draw, greedy_tokens
 from selfspec.seeded import PositionNoise
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
+from selfspec.verdicts import PAD, chain_verdicts, keyed_draws
+from selfspec.verifier import Verdict
 from selfspec.verify_step import score_probe, verify
 from selfspec.hf_compat import cache_arg
 
@@ -173,7 +177,7 @@ def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
 @torch.inference_mode()
 def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats,
                   planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None):
-    """Prefill every row, then steps of propose -> one verify forward -> verify (per row) -> commit -> feed back,
+    """Prefill every row, then steps of propose -> one verify forward -> every row's verdict -> commit -> feed back,
     until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row that
     committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width (None:
     each row's policy). batch_drafter: proposes for all rows at once (None: each row's drafter proposes)."""
@@ -261,40 +265,70 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     logits = target.logits(verified)  # [sum(k_r + 1), vocab]
     verify_seconds = clock.tick() - verify_started
-    target_logits = logits.split(sizes)  # per row [k_r + 1, vocab]
-    target_tokens = _greedy_rows(logits, sizes) if sampling.greedy else [None] * len(rows)
-    verdicts, probes = [], []  # probes[r]: None, or whether row r's probe would have been accepted
-    for row, draft, probe, row_logits, tokens in zip(rows, drafts, probe_drafts, target_logits, target_tokens):
-        if probe is None:
-            verdict, accepted = verify(draft, row_logits, sampling, row.generator, row.num_tokens, tokens), None
-        else:
-            verdict, accepted = score_probe(probe, row_logits, sampling, row.generator, row.probe_rng.random(),
-                                           row.num_tokens)
-        verdicts.append(verdict)
-        probes.append(accepted)
+    if sampling.greedy or isinstance(rows[0].generator, PositionNoise):  # (every row keyed, or none: _row_generators)
+        verdicts, probes, new_tokens = _chain_verdicts(rows, drafts, probe_drafts, logits, sizes, sampling)
+    else:
+        verdicts, probes, new_tokens = _sampled_verdicts(rows, drafts, probe_drafts, logits.split(sizes), sampling)
     cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
     emitted = []
-    for r, (row, draft, verdict) in enumerate(zip(rows, drafts, verdicts)):
-        accepted = draft.tokens[: verdict.num_accepted]
-        row.buffer[row.num_tokens : row.num_tokens + verdict.num_accepted] = accepted
+    for r, (row, draft, verdict, tokens) in enumerate(zip(rows, drafts, verdicts, new_tokens)):
+        row.buffer[row.num_tokens : row.num_tokens + verdict.num_accepted] = draft.tokens[: verdict.num_accepted]
         row.num_tokens += verdict.num_accepted
         row.unseen.append(hidden_all[r, : verdict.num_accepted + 1])  # its last row predicts the next token
         row.next_token = verdict.next_token
-        tokens = row.stop.admit(accepted.tolist() + [verdict.next_token])
+        tokens = row.stop.admit(tokens)
         if tokens:
             emitted.append((row.index, tokens))
     return drafts, verdicts, probes, emitted, verify_seconds, prefilled is None
 
 
-def _greedy_rows(logits: torch.Tensor, sizes: list[int]) -> list[list[int]]:
-    """[sum(sizes), vocab] -> each row's argmax ids (its `sizes[r]` positions), from one argmax over every row: 8 rows
-    of 3 positions over the reference model's 8,192 logits verified row by row in 0.41 ms, with this in 0.09 ms (an
-    Intel Xeon with AVX-512, one thread; a drafting step there takes ~15 ms)."""
-    flat, rows, start = greedy_tokens(logits).tolist(), [], 0
-    for size in sizes:
-        rows.append(flat[start : start + size])
-        start += size
-    return rows
+def _chain_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, logits: torch.Tensor, sizes: list[int],
+                    sampling: SamplingConfig) -> tuple[list[Verdict], list, list[list[int]]]:
+    """Greedy or seeded: every row's verdict from one batched call (`verdicts.chain_verdicts`) and ONE host read.
+    logits: [sum(k_r + 1), vocab], row r's k_r + 1 places one after another (unpadded: a padded copy of the logits
+    cost more than the verdicts). Returns (verdicts, probes: per row None or whether its probe scored in shadow would
+    have been accepted (it equals the next token, as `verify_step.score_probe` scores it), each row's new tokens:
+    accepted drafts, then the next token)."""
+    device = logits.device
+    if sampling.greedy:
+        target_tokens = greedy_tokens(logits)  # [sum(k_r + 1)] every place's argmax
+    else:  # every place's keyed draw at its row's sequence position (row r's first place decides num_tokens_r)
+        gumbel = torch.stack([row.generator.gumbel(position) for row, size in zip(rows, sizes)
+                              for position in range(row.num_tokens, row.num_tokens + size)])  # [sum(k_r + 1), vocab]
+        target_tokens = keyed_draws(logits, sampling, gumbel)
+    starts = [sum(sizes[:r]) for r in range(len(sizes))]
+    places = torch.tensor([[start + min(i, size - 1) for i in range(max(sizes))] for start, size in zip(starts, sizes)],
+                          device=device)  # [B, k + 1] each place's row of logits (a padded place repeats the last)
+    draft_tokens = torch.full((len(rows), max(sizes) - 1), PAD, dtype=torch.long, device=device)  # [B, k]
+    probe_tokens = torch.full((len(rows),), PAD, dtype=torch.long, device=device)  # [B]
+    for r, (draft, probe) in enumerate(zip(drafts, probe_drafts)):  # device-side copies, no reads
+        draft_tokens[r, : draft.num_draft_tokens] = draft.tokens
+        if probe is not None:
+            probe_tokens[r] = probe.tokens[0]
+    num_drafts = torch.tensor([size - 1 for size in sizes], device=device)
+    verdicts = chain_verdicts(draft_tokens, target_tokens[places], num_drafts)  # [B, k + 2]
+    probe_hits = (probe_tokens == verdicts[:, 1]).long()  # a probe row drafted none: place 1 is its next token
+    read = torch.cat([verdicts, probe_hits[:, None]], dim=1).tolist()  # the step's one host read
+    return ([Verdict(v[0], v[v[0] + 1]) for v in read],
+            [None if probe is None else bool(v[-1]) for v, probe in zip(read, probe_drafts)],
+            [v[1 : v[0] + 2] for v in read])
+
+
+def _sampled_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, target_logits: tuple,
+                      sampling: SamplingConfig) -> tuple[list[Verdict], list, list[list[int]]]:
+    """Sampling without a seed: row by row with the eager verifier (`verify_step.verify`, `score_probe`), each row's
+    generator (or torch's) drawn in row order. target_logits: per row [k_r + 1, vocab]. Returns as `_chain_verdicts`."""
+    verdicts, probes, new_tokens = [], [], []
+    for row, draft, probe, row_logits in zip(rows, drafts, probe_drafts, target_logits):
+        if probe is None:
+            verdict, accepted = verify(draft, row_logits, sampling, row.generator, row.num_tokens), None
+        else:
+            verdict, accepted = score_probe(probe, row_logits, sampling, row.generator, row.probe_rng.random(),
+                                           row.num_tokens)
+        verdicts.append(verdict)
+        probes.append(accepted)
+        new_tokens.append(draft.tokens[: verdict.num_accepted].tolist() + [verdict.next_token])
+    return verdicts, probes, new_tokens
 
 
 def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[int]:

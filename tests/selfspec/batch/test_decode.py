@@ -382,3 +382,70 @@ def test_a_batch_width_is_capped_by_what_the_drafter_can_propose():
     planner = Planner()
     assert _draft_lengths(rows, planner) == [4, 2, 8]
     assert planner.caps == [4, 2, 99]
+
+
+HOST_READS = ("tolist", "item", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+@pytest.mark.parametrize("mode", ["greedy", "seeded", "unseeded"])
+def test_greedy_and_seeded_steps_verify_every_row_at_once_with_one_host_read(mode, monkeypatch):
+    """The path the exactness tests above rely on: greedy and seeded steps take every row's verdict from one batched
+    call (`_chain_verdicts`) that reads tensors on the host once (each of HOST_READS on a tensor counted while it
+    runs), and never the eager verifier; unseeded sampling verifies row by row (`_sampled_verdicts`). Rows still
+    equal alone. Catches (planted): a batched verdict that accepts every real draft (rows differ from alone)."""
+    import selfspec.batch.decode as decode
+
+    counting, reads, calls = [False], [], {"batched": 0, "eager": 0}
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            if counting[0]:
+                reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def batched(*args):
+        calls["batched"] += 1
+        counting[0], before = True, len(reads)
+        try:
+            return real_batched(*args)
+        finally:
+            counting[0] = False
+            assert len(reads) - before == 1, reads[before:]
+
+    def eager(*args):
+        calls["eager"] += 1
+        return real_eager(*args)
+
+    real_batched, real_eager = decode._chain_verdicts, decode._sampled_verdicts
+    monkeypatch.setattr(decode, "_chain_verdicts", batched)
+    monkeypatch.setattr(decode, "_sampled_verdicts", eager)
+    spec = engine("llama", "medusa")
+    prompts = prompts_of_different_lengths()
+    options = dict(max_new_tokens=16, num_draft_tokens=3, eos_token_id=[])
+    if mode != "greedy":
+        options.update(do_sample=True, temperature=0.8, top_k=20)
+    if mode == "seeded":
+        options.update(seed=3)
+    out = spec.generate(prompts, **options)
+    steps = out.stats.target_forwards - 1  # (the prefill verifies nothing)
+    assert calls == ({"batched": 0, "eager": steps} if mode == "unseeded" else {"batched": steps, "eager": 0})
+    if mode == "unseeded":
+        return
+    assert_exercised(out.row_stats, what=f"{mode} batch")
+    for i, (prompt, got) in enumerate(zip(prompts, out.sequences)):
+        assert torch.equal(got, alone(spec, prompt, **{**options, **({"seed": 3 + i} if mode == "seeded" else {})}))
+
+    def accept_every_draft(draft_tokens, target_tokens, num_drafts):
+        real = torch.arange(draft_tokens.shape[1]) < num_drafts[:, None]
+        target_tokens = target_tokens.clone()
+        target_tokens[:, :-1] = torch.where(real, draft_tokens, target_tokens[:, :-1])
+        return chain_verdicts(draft_tokens, target_tokens, num_drafts)
+
+    from selfspec.verdicts import chain_verdicts
+
+    monkeypatch.setattr(decode, "chain_verdicts", accept_every_draft)
+    planted = spec.generate(prompts, **options)
+    assert any(not torch.equal(a, b) for a, b in zip(planted.sequences, out.sequences))
