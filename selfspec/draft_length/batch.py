@@ -33,8 +33,9 @@ class BatchDraftLength:
     tokens in the forward and takes the masked path, while what its rows accept rarely shortens the batch (it runs
     until its longest row ends): on the reference model at batch 8 the probes of drafts that some row accepted, every
     8 steps, cost 11 % (0.92x of transformers' batched loop, 1.03x at a fixed w = 0); so a probe is scored in shadow
-    (no wider forward) once its shape was timed recently (`probe_in_shadow`). Probe defaults otherwise follow
-    `AdaptiveDraftLength`'s (its replayed measurements); `explore_every` is a choice, not yet tuned.
+    (no wider forward) once its shape was timed recently (`probe_in_shadow`). The probe defaults (after 8 steps, up
+    to 64, waits doubling as they were) are those one sequence's policy had before its probes came back sooner
+    (`ProbeSchedule`), not measured for batches; `explore_every` is a choice, not yet tuned.
 
     The cost's shape can only be learned from steps of different widths, and a batched forward is not shaped like
     one sequence's (measured on SmolLM2 at batch 8: each row's attention over its own cache makes the base cost far
@@ -88,7 +89,7 @@ class BatchDraftLength:
         self.seen_shapes = set() if seen_shapes is None else seen_shapes
         self.overhead = StepOverhead(decay) if overhead is None else overhead  # (the engine's: kept across batches)
         self.max_draft_tokens = max_draft_tokens
-        self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_keeps_wait=False)
+        self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_resets=False, odd_waits=False)
         self.explore_every = explore_every
         self._last_width, self._same_width_steps, self._explore_turn = 0, 0, 0
         self.widest_timed = 0  # the widest block (drafts per row) a timed step of this batch has verified

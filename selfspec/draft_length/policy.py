@@ -65,12 +65,16 @@ class AdaptiveDraftLength:
     so while a position goes unseen its estimate drifts back towards its prior (its neighbour's rate), the faster the
     fewer times it was seen, and the position is tried again. Without it, a tree whose second level was rejected on
     its first few steps stayed one level deep for the rest of the generation (SmolLM2's EAGLE head: 48 of 53
-    steps, 1.78 tokens per forward where the same prompt had given 2.40). At k=0 nothing is observed, so after
-    `probe_every` steps at k=0 one draft token is tried anyway (a probe), so that a drafter that turns useful again is
-    noticed. Each probe that is rejected doubles the wait before the next (up to `max_probe_every`); k > 0 chosen on
-    the evidence (after accepted probes raised the estimates) resets it. A drafter that is rarely right thus costs a
-    handful of probes per generation, not one every 8 steps (an early-exit probe costs about half a decode: one per 8
-    steps was a 6 % loss on SmolLM2).
+    steps, 1.78 tokens per forward where the same prompt had given 2.40).
+    At k=0 nothing is observed, so one draft token is tried anyway now and then (a probe, `ProbeSchedule`): after
+    `probe_every` steps at k=0, the wait doubling (plus one step) up to `max_probe_every` while probes are rejected,
+    back to the start once one is accepted or k > 0 is chosen on the evidence, and probes spending at most
+    `probe_budget` of decoding (a probe costs drafting one token, `overhead.predict(1)`: a costly drafter is probed
+    less often). A plain step ages every position's evidence and its prior alike (by `stale_decay`): the estimates
+    stay, but the next probe weighs more, so after a long wait one accepted probe brings drafting back. A prompt that
+    turns predictable is so drafted for again within about `max_probe_every` steps; waits of up to 64, kept by
+    accepted probes, left the reference model's Medusa heads, rejected on their first steps, at 1.00 tokens per
+    forward on a snippet of `accelerate` where a fixed k = 1 gave 1.33 (docs/draft-length.md).
     `verified_tokens`: k -> the most tokens a step drafting k verifies, when that is not k: a tree k levels deep
     verifies up to its node budget (the drafter's `max_tree_nodes`), so on a CPU a tree must earn its nodes. A step
     that tells `observe` how many it verified (`verified=`: a tree's nodes) teaches the price of its depth: k is
@@ -93,12 +97,15 @@ class AdaptiveDraftLength:
     acceptance estimate above 0 made drafting look worth it, so a useless drafter was asked on ~50 of 128 steps while
     its estimate decayed towards 0 (random drafts: 0.87x of speculation off); 2 % stops it after ~20.
 
-    Defaults (decay 0.9, prior 0.5 worth 4 observations, a probe after 8 steps at k=0, k <= 8) were chosen by
-    replaying the reference model's greedy drafts through the policy (12 held-out prompts x 128
-    tokens, n-gram and early exit at layers 1, 2, 3, this CPU's cost ratios). Against the best fixed k of each case
-    (which a user cannot know in advance) they reach 0.98x for n-gram and 1.04x for early exit (they turn drafting
-    off where early exit does not pay); the best single fixed k (4) reaches 0.92x overall. A prior worth 1 gives up
-    on bursty n-gram drafts too soon (0.92x), an optimistic 0.7 worth 8 over-drafts the costlier early exit (0.98x).
+    Defaults (decay 0.9, prior 0.5 worth 4 observations, k <= 8) were chosen by replaying the reference model's
+    greedy drafts through the policy (12 held-out prompts x 128 tokens, n-gram and early exit at layers 1, 2, 3, this
+    CPU's cost ratios). Against the best fixed k of each case (which a user cannot know in advance) they reach 0.98x
+    for n-gram and 1.04x for early exit (they turn drafting off where early exit does not pay); the best single fixed
+    k (4) reaches 0.92x overall. A prior worth 1 gives up on bursty n-gram drafts too soon (0.92x), an optimistic 0.7
+    worth 8 over-drafts the costlier early exit (0.98x). The probes' defaults (after 2 steps, waits of at most 15,
+    1 % of decoding) were chosen the same way for the reference model's Medusa heads (40 prompts, chains of up to
+    4): 0.96x of each prompt's best fixed k on average, where a probe after 8 steps backing off to 64 gave 0.91x
+    (docs/draft-length.md).
     """
 
     def __init__(
@@ -108,13 +115,14 @@ class AdaptiveDraftLength:
         prior_acceptance: float = 0.5,
         prior_weight: float = 4.0,
         decay: float = 0.9,
-        probe_every: int = 8,
+        probe_every: int = 2,
         learn_step_cost: bool = True,
-        max_probe_every: int = 64,
+        max_probe_every: int = 15,
         draft_cost: float = 0.0,
         verified_tokens: Callable[[int], int] | None = None,
         min_gain: float = 0.02,
         stale_decay: float = 0.95,
+        probe_budget: float = 0.01,
     ):
         if (not 0 < decay <= 1 or not 0 < stale_decay <= 1 or prior_weight <= 0 or not 0 <= prior_acceptance <= 1
                 or max_draft_tokens < 1):
@@ -122,6 +130,8 @@ class AdaptiveDraftLength:
                              "max_draft_tokens >= 1")
         if draft_cost < 0:
             raise ValueError(f"draft_cost (one-token decodes per draft token) must be >= 0, got {draft_cost!r}")
+        if probe_budget <= 0:
+            raise ValueError(f"probe_budget (a share of decoding) must be > 0, got {probe_budget!r}")
         self.cost_curve = cost_curve  # k -> verifying k drafts, in one-token decodes (may refine itself)
         self.max_draft_tokens = max_draft_tokens
         self.prior_acceptance = prior_acceptance
@@ -141,7 +151,7 @@ class AdaptiveDraftLength:
         # draft_cost; per step: 0), as they age unseen positions' acceptance (`step_overhead`).
         self.plain_overhead = StepOverhead(decay)
         self.overhead = StepOverhead(decay, per_token=draft_cost, step_ridge=1.0)
-        self.probes = ProbeSchedule(probe_every, max_probe_every)
+        self.probes = ProbeSchedule(probe_every, max_probe_every, budget=probe_budget)
         self.asked = self.declined = 0.0  # decayed counts of steps that asked for drafts, and of those that got none
         self._last_asked = 0  # the k the last choose() returned
 
@@ -149,7 +159,8 @@ class AdaptiveDraftLength:
         """[position] estimated P(accepted | every earlier draft accepted)."""
         rates, prior = [], self.prior_acceptance
         for tried, accepted, weight in zip(self.tried, self.accepted, self.prior_left):
-            prior = (accepted + weight * prior) / (tried + weight)
+            if tried + weight > 0:  # (plain steps age both; after very many, both may round to 0)
+                prior = (accepted + weight * prior) / (tried + weight)
             rates.append(prior)
         return rates
 
@@ -236,7 +247,8 @@ class AdaptiveDraftLength:
         k = max(range(len(rates)), key=rates.__getitem__)
         if rates[k] < (1.0 + self.min_gain) * rates[0]:  # a gain within the estimates' error: decode plainly
             k = 0
-        self._last_asked = self.probes.after(k)
+        # a probe costs a plain step and drafting one token: the budget pays for the drafting
+        self._last_asked = self.probes.after(k, probe_cost=self.overhead.predict(1))
         return self._last_asked
 
     def observe(self, num_drafted: int, num_accepted: int, seconds: float | None = None,
@@ -262,6 +274,11 @@ class AdaptiveDraftLength:
             for i in range(min(num_drafted, self.max_draft_tokens), self.max_draft_tokens):
                 self.tried[i] *= self.stale_decay
                 self.accepted[i] *= self.stale_decay
+        elif not asked:  # a plain step: every position's evidence and prior age alike (estimates kept, weight not)
+            for i in range(self.max_draft_tokens):
+                self.tried[i] *= self.stale_decay
+                self.accepted[i] *= self.stale_decay
+                self.prior_left[i] *= self.stale_decay
         decode_seconds = self.cost_curve.decode_seconds  # 0 until the curve knows this device's decode time
         if self.learn_step_cost and seconds is not None and decode_seconds > 0:
             ran = num_drafted or asked  # a declined ask still ran the drafter: its cost belongs to asking
@@ -281,35 +298,56 @@ class AdaptiveDraftLength:
 
 class ProbeSchedule:
     """When to draft one token although drafting does not pay (a probe), so acceptance keeps being observed: after
-    `every` steps at k=0; each probe that drafted and was rejected doubles the wait (up to `max_every`), and drafting
-    on the evidence resets it. An accepted probe keeps the wait: it raises the acceptance estimates, and if they then
-    choose k > 0 that resets it; with `accepted_keeps_wait=False` it doubles the wait too, so only drafting on the
-    evidence brings the wait back (a batch's probes, which cost every row a token more, see `BatchDraftLength`)."""
+    `every` steps at k=0. A probe that had nothing accepted (rejected, or declined by the drafter) doubles the wait,
+    up to `max_every`; drafting on the evidence resets it. `accepted_resets` (one sequence's policy): an accepted
+    probe resets it too, so a drafter that turns right is probed again soon and its estimates rise within a few steps
+    (kept waits let one unlucky start hold drafting off for the rest of a generation); otherwise an accepted probe
+    doubles the wait as well, so only drafting on the evidence brings it back (a batch's probes, which cost every row
+    a token more, see `BatchDraftLength`). `odd_waits`: each doubling adds a step, so waits stay odd (from an odd
+    `max_every`) and successive probes alternate between even and odd positions: the reference model repeating
+    `_set_set_set...`, its Medusa heads right after `set` and unsure after `_`, was probed after `_` every time at
+    even waits, and never drafted for again. `budget`: probes spend at most this many one-token decodes per step at
+    k=0 (credit for `burst` probes at most, full at first), so a drafter whose probes are often accepted but whose
+    drafting costs more than it saves is not probed every few steps; None: no limit."""
 
-    def __init__(self, every: int = 8, max_every: int = 64, accepted_keeps_wait: bool = True):
+    def __init__(self, every: int = 2, max_every: int = 15, accepted_resets: bool = True, odd_waits: bool = True,
+                 budget: float | None = None, burst: int = 2):
         self.every, self.max_every = every, max(every, max_every)
-        self.accepted_keeps_wait = accepted_keeps_wait
+        self.accepted_resets, self.odd_waits = accepted_resets, odd_waits
+        self.budget, self.burst = budget, burst
+        self.credit: float | None = None  # one-token decodes probes may still spend (None: full, before the first step)
         self.wait = every  # steps at k=0 before the next probe
         self.steps_at_zero = 0
         self.probing = False  # the k just returned is a probe
 
-    def after(self, k: int, may_probe: bool = True) -> int:
-        """The k chosen on the evidence -> the k to draft: 1 when it is 0 and a probe is due (and `may_probe`)."""
+    def after(self, k: int, may_probe: bool = True, probe_cost: float = 0.0) -> int:
+        """The k chosen on the evidence -> the k to draft: 1 when it is 0 and a probe is due (and `may_probe`, and
+        the budget has `probe_cost`, in one-token decodes, left)."""
         self.probing = False
         if k:
             self.steps_at_zero, self.wait = 0, self.every
             return k
         self.steps_at_zero += 1
-        if self.every and may_probe and self.steps_at_zero >= self.wait:
+        affordable = True
+        if self.budget is not None:
+            most = self.burst * probe_cost
+            self.credit = most if self.credit is None else min(self.credit + self.budget, most)
+            affordable = self.credit >= probe_cost
+        if self.every and may_probe and affordable and self.steps_at_zero >= self.wait:
             self.steps_at_zero, self.probing = 0, True
+            if self.budget is not None:
+                self.credit -= probe_cost
             return 1
         return 0
 
     def observed(self, num_accepted: int) -> None:
-        """The step's outcome: a probe that had nothing accepted (rejected, or declined by the drafter) doubles the
-        wait; so does an accepted one unless `accepted_keeps_wait`."""
-        if self.probing and (not num_accepted or not self.accepted_keeps_wait):
-            self.wait = min(2 * self.wait, self.max_every)
+        """The step's outcome: a probe that had nothing accepted doubles the wait; an accepted one resets it when
+        `accepted_resets`, else doubles it too."""
+        if self.probing:
+            if num_accepted and self.accepted_resets:
+                self.wait = self.every
+            else:
+                self.wait = min(2 * self.wait + int(self.odd_waits), self.max_every)
         self.probing = False
 
 

@@ -7,6 +7,7 @@ import torch
 
 from selfspec import Draft, SelfSpecModel
 from selfspec.draft_length.policy import AdaptiveDraftLength, FixedDraftLength, VerifyCost, draft_length_policy, measure_verify_cost
+from selfspec.draft_length.verify_cost import prior_verify_cost
 from selfspec.target import TargetModel
 from selfspec.drafters import MedusaDrafter
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -104,24 +105,89 @@ def test_a_drafter_that_turns_good_is_noticed():
 
 
 def test_rejected_probes_back_off_and_drafting_again_resets_them():
-    """A useless drafter is probed every 8, 16, 32, 64, 64 ... steps at k=0, not every 8 steps; once a probe is
-    accepted drafting resumes within a few steps, and the waits start short again. Catches (planted): the wait not
-    doubled (24 probes in 200 steps), the wait never reset."""
-    policy = AdaptiveDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64)
+    """A useless drafter is probed after 2, 5, 11, 15, 15 ... steps at k=0 (each rejected probe doubles the wait plus
+    a step, up to 15 for a drafter whose probes are cheap), not every 2 steps; once probes are accepted drafting
+    resumes within a few steps, and the waits start short again. Catches (planted): the wait not doubled (97 probes
+    in 200 steps), the wait never reset, even waits (2, 4, 8, 16)."""
+    policy = AdaptiveDraftLength(CPU_LIKE)
     chosen = run_steps(policy, lambda position: False, 200)
     first_off = chosen.index(0)
     probes = [i - first_off for i, k in enumerate(chosen) if i > first_off and k]
     gaps = [b - a for a, b in zip([-1] + probes, probes)]
-    assert gaps == [8, 16, 32, 64][: len(gaps)] + [64] * (len(gaps) - 4)  # a probe every 8, 16, 32, 64, 64 steps
-    assert len(probes) <= 5 and set(chosen[first_off:]) == {0, 1}
+    assert gaps == [2, 5, 11] + [15] * (len(gaps) - 3)
+    assert set(chosen[first_off:]) == {0, 1}
     good = run_steps(policy, lambda position: True, 150)
     assert good[-5:] == [8] * 5
     recovered = next(i for i, k in enumerate(good) if k > 1)
-    assert recovered <= 66  # at most the longest wait, then the policy's own choice
-    # After recovery the waits start short again: a drafter that turns useless is probed at 8 steps first.
+    assert recovered <= 16  # at most the longest wait, then the policy's own choice
+    # After recovery the waits start short again: a drafter that turns useless is probed after 2 steps first.
     again = run_steps(policy, lambda position: False, 100)
     first_off = again.index(0)
-    assert again[first_off : first_off + 8] == [0] * 7 + [1]
+    assert again[first_off : first_off + 2] == [0, 1]
+
+
+def test_a_costly_drafters_probes_stay_within_the_probe_budget():
+    """Probes spend at most 1 % of decoding (credit for 2 at first): a probe of a cheap drafter (n-gram, heads: up to
+    a tenth of a decode) comes every 15 steps once rejected, one of early exit at the reference model's layer 2 (0.54
+    decodes a draft token) every 54 steps, one costing a whole decode every 100. Catches (planted): no budget (a
+    probe every 15 steps whatever it costs)."""
+    for draft_cost, gap in [(0.0, 15), (0.1, 15), (0.54, 54), (1.0, 100)]:
+        policy = AdaptiveDraftLength(CPU_LIKE, draft_cost=draft_cost)
+        chosen = run_steps(policy, lambda position: False, 500)
+        first_off = chosen.index(0)
+        probes = [i for i, k in enumerate(chosen) if i > first_off and k]
+        assert [b - a for a, b in zip(probes, probes[1:])][-3:] == [gap] * 3
+        assert len(probes) <= 2 + 500 * 0.01 / draft_cost if draft_cost else len(probes) <= 3 + 500 / 15
+
+
+def run_positions(policy, right, num_tokens):
+    """Decode `num_tokens` positions as the engine steps through them: at position p a draft's first right(p) tokens
+    are right (None: the drafter declines, proposing nothing); a probe is scored in shadow and moves one position on,
+    a verified draft its accepted tokens + 1. Returns [(position, k asked, probe, accepted)] per step."""
+    position, steps = 0, []
+    while position < num_tokens:
+        k = policy.choose()
+        good = right(position)
+        drafted = 0 if good is None else k
+        accepted = 0 if good is None else min(drafted, good)
+        probe = k > 0 and policy.probe_in_shadow()
+        policy.observe(drafted, accepted)
+        steps.append((position, k, probe, accepted))
+        position += 1 if probe else accepted + 1
+    return steps
+
+
+CPU_PRIOR = prior_verify_cost(torch.device("cpu"))  # the curve "auto" plans with before it has timed anything
+
+
+@pytest.mark.parametrize("bad_start", [40, 130])
+def test_drafting_comes_back_soon_after_an_unlucky_start(bad_start):
+    """Drafts (a tenth of a decode each, as Medusa heads) rejected at the first `bad_start` positions, then always
+    right: "auto" drafts for real again within 17 steps of the turn (the longest wait, 15, then a step or two on the
+    evidence) and then runs near the maximum (the reference model's Medusa heads, rejected on their first steps on a
+    snippet of `accelerate`, once drafted 2 tokens in 128 steps and none after). Checked against the planted old
+    behaviour (a probe after 8 steps, rejected probes doubling the wait to 64, accepted ones keeping it, plain steps
+    not ageing the evidence): it drafted again 48 steps after a 40-position start, and not at all in 128 positions
+    after 130."""
+    policy = AdaptiveDraftLength(CPU_PRIOR, draft_cost=0.1)
+    steps = run_positions(policy, lambda position: 0 if position < bad_start else 8, bad_start + 128)
+    turn = next(i for i, (position, *_) in enumerate(steps) if position >= bad_start)
+    back = next((i for i, (_, k, probe, _) in enumerate(steps) if i >= turn and k and not probe), None)
+    assert back is not None and back - turn <= 17
+    assert sum(1 for _, k, probe, _ in steps[:turn] if k and not probe) <= 3  # the bad start: off, but for probes
+    assert 128 / (len(steps) - turn) > 4  # tokens per step after the turn (8 drafts + 1 at most)
+
+
+def test_a_drafter_right_every_other_position_is_found_by_probes_at_odd_waits():
+    """The reference model repeating `_set_set_set...`: its Medusa heads right after `set` (every draft accepted),
+    unsure after `_` (nothing proposed). A fixed k drafts in step with it; probes at even waits land after `_` every
+    time. Probes at odd waits alternate between the two, so "auto" finds the positions that pay and keeps drafting
+    from there (about 3 tokens a step). Checked against the planted old behaviour (waits 8, 16, 32, 64): every probe
+    declined, no draft in 256 positions (1.00 token a step); with even waits and the rest of this policy, the same."""
+    policy = AdaptiveDraftLength(CPU_PRIOR, draft_cost=0.1)
+    steps = run_positions(policy, lambda position: 0 if position < 20 else (8 if position % 2 == 0 else None), 256)
+    assert sum(1 for _, k, probe, accepted in steps if k and not probe and accepted) > 10
+    assert 256 / len(steps) > 2.5
 
 
 def run_declining_steps(policy, proposes, steps):
@@ -139,12 +205,15 @@ def run_declining_steps(policy, proposes, steps):
 
 def test_a_drafter_that_always_declines_is_soon_not_asked():
     """Heads below their confidence floor propose nothing when asked, while each ask costs their forward: the policy
-    learns the decline rate, stops asking, and its probes back off as rejected ones do. Catches (planted): declines
-    not learned (asked on every step at the prior's acceptance), declined probes not backing off (a probe every 8)."""
+    learns the decline rate, stops asking, and its probes back off as rejected ones do (to one per 15 steps: at 0.1
+    decodes an ask, under 1 % of decoding). Catches (planted): declines not learned (asked on every step at the
+    prior's acceptance), declined probes not backing off (an ask every 10 steps, as far as the budget goes: 23)."""
     policy = AdaptiveDraftLength(VerifyCost(CPU_LIKE.relative, decode_seconds=0.01), draft_cost=0.1)
     chosen = run_declining_steps(policy, lambda step: False, 200)
     assert policy.decline_rate() > 0.5
-    assert sum(1 for k in chosen if k) <= 8  # a few asks at the start, then probes after 8, 16, 32, 64 steps
+    asks = [step for step, k in enumerate(chosen) if k]
+    assert len(asks) <= 2 + 3 + 200 // 15  # 2 asks at the start, then probes after 2, 5, 11, 15, 15 ... steps
+    assert [b - a for a, b in zip(asks, asks[1:])][-5:] == [15] * 5
 
 
 def test_a_drafter_that_declines_half_the_time_but_is_right_is_still_asked():
