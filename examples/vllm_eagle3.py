@@ -28,7 +28,9 @@ def selfspec_runs(model, head, prompts, args) -> tuple[list[list[int]], list[lis
     reference, ours, per_forward, speeds = [], [], [], []
     for ids in prompts:
         with torch.no_grad():
-            plain = model.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False, eos_token_id=[])
+            # (an explicit mask: without one, generate masks every pad id, and SmolLM2's pad id is its <|im_end|>)
+            plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                   do_sample=False, eos_token_id=[])
         reference.append(plain[0, ids.shape[1]:].tolist())
         start = time.perf_counter()
         out = spec.generate(ids, max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens,
