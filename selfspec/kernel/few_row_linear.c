@@ -253,8 +253,9 @@ INLINE void weight_rows(const float *x, long rows, long k_dim, const void *w, lo
  * An AMD EPYC with AVX-512 (2 vCPUs): one thread streams ~25-30 GB/s, two ~35-60 GB/s. */
 #define WEIGHTS_PER_THREAD 32768
 
-INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_dim, const float *bias, float *y,
-                   int weight_bf16) {
+/* Threads for a product of n_dim x k_dim weights: at most one per WEIGHTS_PER_THREAD weights and per 4 weight rows;
+ * the caller's thread alone inside a parallel region. */
+INLINE int product_threads(long n_dim, long k_dim) {
     int threads = 1;
 #ifdef _OPENMP
     if (!omp_in_parallel()) {
@@ -266,6 +267,12 @@ INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_
             threads = (int)(n_dim / 4);
     }
 #endif
+    return threads;
+}
+
+INLINE void linear(const float *x, long rows, long k_dim, const void *w, long n_dim, const float *bias, float *y,
+                   int weight_bf16) {
+    int threads = product_threads(n_dim, k_dim);
     if (threads > 1) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -484,17 +491,7 @@ INLINE void quantized_weight_rows(const int type, const float *x, long rows, lon
 
 INLINE void quantized_linear_of(const int type, const float *x, long rows, long k_dim, const uint8_t *w, long n_dim,
                                 float *y) {
-    int threads = 1;
-#ifdef _OPENMP
-    if (!omp_in_parallel()) {
-        long most = n_dim * k_dim / WEIGHTS_PER_THREAD;
-        threads = omp_get_max_threads();
-        if (threads > most)
-            threads = (int)most;
-        if (threads > n_dim / 4)
-            threads = (int)(n_dim / 4);
-    }
-#endif
+    int threads = product_threads(n_dim, k_dim);
     const size_t tile_bytes = (size_t)tile_rows(k_dim) * k_dim * sizeof(float);
     if (threads > 1) {
 #ifdef _OPENMP
@@ -757,17 +754,7 @@ int quantized_linear_int8(int type, int path, const float *x, long rows, long k_
         return -3;
     float *xd = (float *)(xq + (rows * k_dim + 15) / 16 * 16), *xs = xd + rows * blocks;
     quantize_activations(x, rows, k_dim, xq, xd, xs);
-    int threads = 1;
-#ifdef _OPENMP
-    if (!omp_in_parallel()) {
-        long most = n_dim * k_dim / WEIGHTS_PER_THREAD;
-        threads = omp_get_max_threads();
-        if (threads > most)
-            threads = (int)most;
-        if (threads > n_dim / 4)
-            threads = (int)(n_dim / 4);
-    }
-#endif
+    int threads = product_threads(n_dim, k_dim);
     if (threads > 1) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
