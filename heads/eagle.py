@@ -65,8 +65,8 @@ class EagleHead(EagleModule):
         if eagle_speculators.is_speculators_config(raw):
             return eagle_speculators.load_speculators(cls, directory, raw, model, check_base)
         weights = eagle_formats.published_weights(directory)
-        if weights is not None and eagle_speculators.is_safeailab_eagle3(raw, eagle_formats.published_weight_names(
-                directory)):
+        names = eagle_formats.published_weight_names(directory)
+        if weights is not None and eagle_formats.is_safeailab_eagle3(raw, names):
             state = eagle_formats.read_published_weights(weights)
             return eagle_speculators.load_safeailab(cls, directory, raw, state, model, check_base)
         return eagle_formats.load_eagle1(cls, directory, raw, model, check_base)

@@ -76,6 +76,12 @@ def published_weight_names(directory) -> set[str]:
         return set(read_published_weights(path))
 
 
+def is_safeailab_eagle3(raw: dict, weight_names) -> bool:
+    """Whether a published head's config.json and tensor names are SafeAILab's EAGLE-3 layout (`midlayer.*`)."""
+    return any(name.startswith("midlayer.") for name in weight_names) or \
+        any("Eagle3" in name for name in raw.get("architectures") or ())
+
+
 def load_eagle1(cls, directory, raw_config: dict, model=None, check_base: bool = True):
     """A published EAGLE-1/2 head or a vLLM EAGLE-1 export in `directory` -> an "eagle1" head of class `cls`; with
     `model`, checked against it (hidden size, vocabulary, and the head's stored embedding unless check_base=False)
@@ -88,8 +94,7 @@ def load_eagle1(cls, directory, raw_config: dict, model=None, check_base: bool =
             f"(a Llama config.json and {' or '.join(PUBLISHED_WEIGHTS)}) or a speculators EAGLE-3 draft"
         )
     state = read_published_weights(weights)
-    architectures = raw_config.get("architectures") or ()
-    if any(key.startswith("midlayer.") for key in state) or any("Eagle3" in name for name in architectures):
+    if is_safeailab_eagle3(raw_config, state):
         raise ValueError(f"{directory!r} is an EAGLE-3 head in SafeAILab's layout, not EAGLE-1/2: load it with "
                          "EagleHead.from_pretrained, which reads it as one")
     if raw_config.get("qkv_bias"):

@@ -71,12 +71,6 @@ def is_speculators_config(raw: dict) -> bool:
     return "speculators_model_type" in raw
 
 
-def is_safeailab_eagle3(raw: dict, weight_names) -> bool:
-    """Whether a published head's config.json and tensor names are SafeAILab's EAGLE-3 layout (`midlayer.*`)."""
-    return any(name.startswith("midlayer.") for name in weight_names) or \
-        any("Eagle3" in name for name in raw.get("architectures") or ())
-
-
 def save_speculators(head, directory, model=None, verifier_name_or_path: str | None = None) -> None:
     """Write an "eagle3" `head` in the speculators format (config.json + model.safetensors). With the base `model`
     its embedding is written too (`embed_tokens.weight`) and the verifier's architecture is recorded. The verifier's

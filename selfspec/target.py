@@ -104,7 +104,8 @@ class TargetModel:
         their keys and values) and `start_hidden` [num_tokens, hidden] is their output: only the rest run.
         """
         if start_layer == 0:
-            out = self.decoder(input_ids=token_ids[None], **cache_arg(cache.hf_cache), use_cache=True, **self.decoder_options)
+            out = self.decoder(input_ids=token_ids[None], **cache_arg(cache.hf_cache), use_cache=True,
+                               **self.decoder_options)
             return self.states(out)[0]
         self._refuse_resume_with_features()
         if start_hidden is None or start_hidden.shape[0] != token_ids.shape[0]:

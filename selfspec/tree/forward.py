@@ -45,8 +45,8 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
     positions = past + tree.position_offsets().to(device)  # [num_nodes + 1]
     mask = tree_attention_mask(tree, past, target.dtype, device)
     out = target.decoder(
-        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], **cache_arg(cache.hf_cache), use_cache=True,
-        **target.decoder_options,
+        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], **cache_arg(cache.hf_cache),
+        use_cache=True, **target.decoder_options,
     )
     return target.states(out)[0]
 
