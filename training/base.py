@@ -1,6 +1,6 @@
 """Train a small Llama from scratch on the stdlib corpus and save it as a standard transformers model.
 
-    python -m training.base --out /work/runs/reference-model --early-exit-loss 2 --early-exit-weight 0.3 \
+    python -m training.base --out runs/reference-model --early-exit-loss 2 --early-exit-weight 0.3 \
         --time-budget 4500 --save-dtype float16
 
 Knows about the corpus (training.corpus) and the public parts of a transformers LlamaForCausalLM
