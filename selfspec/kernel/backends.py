@@ -72,6 +72,9 @@ def measure_backends(qtype: int, layers: int = 12, shape: tuple[int, int] = (204
     from selfspec.kernel.quantized import _entry_points, random_weight
 
     weights = [random_weight(qtype, *shape, seed=i) for i in range(layers)]
+    interleaved = [random_weight(qtype, *shape, seed=i) for i in range(layers)]
+    for weight in interleaved:
+        weight.set_interleaved(True)
     linear = _entry_points()[0]
     times = {"float": {}, "int8": {}}
     for rows in (1, MAX_ROWS):
@@ -81,9 +84,9 @@ def measure_backends(qtype: int, layers: int = 12, shape: tuple[int, int] = (204
         for _ in range(repeats + 1):
             for backend in passes:
                 started = timer()
-                for weight in weights:
+                for weight, grouped in zip(weights, interleaved):
                     if backend == "int8":
-                        int8_linear(x, weight)
+                        int8_linear(x, grouped)
                     else:
                         linear(qtype, x.data_ptr(), rows, shape[1], weight.blocks.data_ptr(), shape[0], out.data_ptr())
                 passes[backend].append(timer() - started)

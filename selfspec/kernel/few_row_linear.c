@@ -542,25 +542,37 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
 /* ---- GGUF blocks times int8 activations: integer dot products (llama.cpp's method; quantized.py's "int8" backend)
  * The float path above widens every weight to float32; this one rounds each row of x to int8 per block of 32 (the
  * block's scale dx = max |x| / 127, q = x * (1 / dx) rounded to the nearest, ties to even) and multiplies whole blocks
- * in integers. Each output is this sum, in this order, on every path and whatever the rows beside it (so a row's
- * result never depends on its neighbours, and the three paths below agree bit for bit):
- *   for each block b in k order, 8 lanes l (bytes 4l .. 4l + 3 of the block):
- *     acc[l] = acc[l] + (float)isum[b][l] * (dw[b] * dx[b])        (isum: the exact int32 sum of 4 products)
- *   y = ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 + acc7))
- *   Q4_1 also: msum = msum + m[b] * sx[b] over the blocks in k order (sx = dx * sum of the block's q), y = y + msum
- * with the weight's integers Q8_0 q, Q4_0 nibble - 8, Q4_1 nibble, each product rounded on its own (no fused
- * multiply-add). Paths, chosen per call by what the CPU has (`__builtin_cpu_supports`), each function compiled for its
- * own instructions, so one build runs on every x86 CPU: AVX-512 VNNI (vpdpbusd on 256-bit vectors, four weight
- * rows by four rows of x at a time), AVX2 (vpmaddubsw + vpmaddwd: no pair of products reaches the int16 limit, so the
- * same integers; two weight rows by four rows of x), and a scalar path (the definition, written out). The signed
- * weights (Q8_0, Q4_0) multiply as |w| times x with w's sign, as the unsigned-by-signed instructions need. */
+ * in integers, over weights whose rows are interleaved eight at a time (`interleave` in int8.py: a permutation of the
+ * file's bytes, nothing rounded). Each output is this sum, in this order, on every path and whatever the rows beside
+ * it (so a row's result never depends on its neighbours, and the three paths below agree bit for bit):
+ *   for each block b in k order:  acc = fma((float)isum[b], dw[b] * dx[b], acc)    (isum: the exact integer sum of
+ *                                                                                    the block's 32 products)
+ *   Q4_1 also:                    macc = fma(m[b], sx[b], macc)                     (sx = dx * sum of the block's q)
+ *   y = acc (Q4_1: acc + macc)
+ * with the weight's integers Q8_0 q, Q4_0 nibble - 8, Q4_1 nibble, and dw * dx one rounded product.
+ *
+ * The interleaved layout: the weight rows in groups of eight (a last group of fewer stays in the file's layout, after
+ * the groups); a group's blocks in k order, each block of the eight rows stored as its eight scales (float16; Q4_1:
+ * then its eight mins), then its quantized bytes in chunks of four: chunk c of rows 0..7, then chunk c + 1 (Q4_0 and
+ * Q4_1: 4 chunks of nibble bytes, low nibbles weights 4c .. 4c + 3, high nibbles 16 + 4c ..; Q8_0: 8 chunks). So one
+ * 32-byte load holds four consecutive weights of each of the eight rows, and multiplied by four bytes of x repeated
+ * eight times gives each row's sum of those four products in its own 32-bit lane: the eight rows' outputs are the
+ * eight lanes of one accumulator, their scales one load, and no lanes are ever summed across.
+ * Paths, chosen per call by what the CPU has (`__builtin_cpu_supports`), each function compiled for its own
+ * instructions, so one build runs on every x86 CPU: AVX-512 VNNI (vpdpbusd on 256-bit vectors), AVX2 (vpmaddubsw +
+ * vpmaddwd: no pair of products reaches the int16 limit, |w| <= 128 and |q| <= 127, so the same integers), and a scalar
+ * path (the definition, written out; fmaf is the same single rounding as the vector fused multiply-add). The
+ * unsigned-by-signed instructions take Q4 nibbles as they are (Q4_0 subtracts 8 * sum of q after) and Q8_0 as |w|
+ * times q with w's sign. */
 #include <math.h>
 
 enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_VNNI = 2 };
-#define INT8_PASS_ROWS 4  /* rows of x per pass over a few weight rows (their blocks stay in L1 between passes) */
+#define GROUP_ROWS 8       /* weight rows interleaved together: one 256-bit lane each */
+#define INT8_PASS_ROWS 4   /* rows of x per pass over a group's block (its unpacked integers stay in registers) */
 
-/* x [rows, k_dim] -> xq [rows, k_dim] int8, xd [rows, k_dim / 32] scales, xs [rows, k_dim / 32] dx * sum of q. */
-static void quantize_activations(const float *x, long rows, long k_dim, int8_t *xq, float *xd, float *xs) {
+/* x [rows, k_dim] -> xq [rows, k_dim] int8, per block: xd the scale, xs = xd * sum of q, xsum the sum of q. */
+static void quantize_activations(const float *x, long rows, long k_dim, int8_t *xq, float *xd, float *xs,
+                                 int32_t *xsum) {
     for (long i = 0; i < rows * (k_dim / QK); i++) {
         const float *v = x + i * QK;
         float amax = 0.0f;
@@ -576,10 +588,11 @@ static void quantize_activations(const float *x, long rows, long k_dim, int8_t *
         }
         xd[i] = d;
         xs[i] = d * (float)sum;
+        xsum[i] = sum;
     }
 }
 
-/* The weight integers of one block, in order (byte j: weight j). */
+/* The weight integers of one block in the file's layout, in order (byte j: weight j). */
 static inline void block_integers(const int type, const uint8_t *b, int8_t *q) {
     if (type == Q8_0) {
         memcpy(q, b + 2, QK);
@@ -593,128 +606,144 @@ static inline void block_integers(const int type, const uint8_t *b, int8_t *q) {
     }
 }
 
-/* The scalar path: the sum above, one output at a time. */
-static void int8_weight_rows_scalar(const int type, const int8_t *xq, const float *xd, const float *xs, long rows,
-                                    long k_dim, const uint8_t *w, long n_lo, long n_hi, long ldy, float *y) {
-    const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block, blocks = k_dim / QK;
-    for (long n = n_lo; n < n_hi; n++)
-        for (long r = 0; r < rows; r++) {
-            float acc[8] = {0}, msum = 0.0f;
-            for (long b = 0; b < blocks; b++) {
-                const uint8_t *block = w + n * row_bytes + b * per_block;
-                const int8_t *xb = xq + r * k_dim + b * QK;
-                int8_t q[QK];
-                block_integers(type, block, q);
-                const float scale = half_at(block) * xd[r * blocks + b];
-                for (int l = 0; l < 8; l++) {
-                    int isum = 0;
-                    for (int i = 4 * l; i < 4 * l + 4; i++)
-                        isum += q[i] * xb[i];
-                    acc[l] = acc[l] + (float)isum * scale;
-                }
-                if (type == Q4_1)
-                    msum = msum + half_at(block + 2) * xs[r * blocks + b];
-            }
-            float out = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
-            y[r * ldy + n] = type == Q4_1 ? out + msum : out;
-        }
-}
+INLINE int halves_of(int type) { return type == Q4_1 ? 2 : 1; }
 
-/* 8 lanes summed in the order above. */
-INLINE float int8_lanes_sum(__m256 v) {
-    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  /* t[i] = lane i + lane 4 + i */
-    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));                                  /* t0 + t2, t1 + t3 */
-    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
-}
-
-/* One block's 32 weight integers in a vector (byte j: weight j). */
-INLINE __m256i int8_block_vector(const int type, const uint8_t *b) {
+/* Weight j of lane `lane` in an interleaved group's block `gb`, as an integer. */
+INLINE int grouped_integer(const int type, const uint8_t *gb, int lane, int j) {
+    const uint8_t *q = gb + 16 * halves_of(type);
     if (type == Q8_0)
-        return _mm256_loadu_si256((const __m256i *)(b + 2));
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(b + (type == Q4_1 ? 4 : 2))), low = _mm_set1_epi8(15);
-    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), low), _mm_and_si128(qs, low));
-    return type == Q4_0 ? _mm256_sub_epi8(q, _mm256_set1_epi8(8)) : q;
+        return (int8_t)q[(j / 4) * 32 + lane * 4 + j % 4];
+    const int byte = j % 16, v = q[(byte / 4) * 32 + lane * 4 + byte % 4];
+    const int nibble = j < 16 ? v & 15 : v >> 4;
+    return type == Q4_0 ? nibble - 8 : nibble;
 }
 
-/* One path's kernel: weight rows n_lo .. n_hi - 1 against every row of the quantized x, W_MAX weight rows by up to
- * INT8_PASS_ROWS rows of x at a time (accumulators in registers). DOT(u, s): 8 int32 lanes, lane l the sum of the
- * products of bytes 4l .. 4l + 3 of u (unsigned) and s (signed). Written once as a macro because each path's
- * instructions may be inlined only into functions compiled for them. */
-#define INT8_PATH(ISA, TARGET, W_MAX, DOT)                                                                           \
-__attribute__((always_inline, target(TARGET))) static inline void int8_tile_##ISA(                                   \
-        const int P, const int W, const int type, const int8_t *xq, const float *xd, const float *xs, long k_dim,    \
-        const uint8_t *w, long ldy, float *y) {                                                                      \
-    const long per_block = block_bytes(type), row_bytes = k_dim / QK * per_block, blocks = k_dim / QK;               \
-    __m256 acc[INT8_PASS_ROWS][W_MAX];                                                                               \
-    _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                              \
-        _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) acc[r][j] = _mm256_setzero_ps();                        \
+/* The scalar path: one output, the definition above. Its weight row is lane `lane` of the group starting at `g`
+ * (lane < 0: a row in the file's layout at `g`). */
+static float int8_output_scalar(const int type, const int8_t *xq, const float *xd, const float *xs, long k_dim,
+                                const uint8_t *g, int lane) {
+    const long per_block = block_bytes(type), blocks = k_dim / QK;
+    float acc = 0.0f, macc = 0.0f;
+    for (long b = 0; b < blocks; b++) {
+        int8_t q[QK];
+        float dw, m = 0.0f;
+        if (lane < 0) {
+            const uint8_t *block = g + b * per_block;
+            block_integers(type, block, q);
+            dw = half_at(block);
+            if (type == Q4_1)
+                m = half_at(block + 2);
+        } else {
+            const uint8_t *gb = g + b * GROUP_ROWS * per_block;
+            for (int j = 0; j < QK; j++)
+                q[j] = (int8_t)grouped_integer(type, gb, lane, j);
+            dw = half_at(gb + 2 * lane);
+            if (type == Q4_1)
+                m = half_at(gb + 16 + 2 * lane);
+        }
+        int isum = 0;
+        for (int j = 0; j < QK; j++)
+            isum += q[j] * xq[b * QK + j];
+        acc = fmaf((float)isum, dw * xd[b], acc);
+        if (type == Q4_1)
+            macc = fmaf(m, xs[b], macc);
+    }
+    return type == Q4_1 ? acc + macc : acc;
+}
+
+/* One path's kernel for one interleaved group `g` of eight weight rows against P <= INT8_PASS_ROWS rows of x: eight
+ * outputs of each row, written to y[r * ldy .. + 7]. DOT(acc, u, s): acc + in each 32-bit lane the sum of the four
+ * products of bytes of u (unsigned) and s (signed). Written once as a macro because each path's instructions may be
+ * inlined only into functions compiled for them. */
+#define INT8_PATH(ISA, TARGET, DOT)                                                                                  \
+__attribute__((always_inline, target(TARGET))) static inline void int8_group_##ISA(                                  \
+        const int P, const int type, const int8_t *xq, const float *xd, const float *xs, const int32_t *xsum,        \
+        long k_dim, const uint8_t *g, long ldy, float *y) {                                                          \
+    const long blocks = k_dim / QK, group_block = GROUP_ROWS * block_bytes(type);                                    \
+    __m256 acc[INT8_PASS_ROWS], macc[INT8_PASS_ROWS];                                                                \
+    _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) acc[r] = macc[r] = _mm256_setzero_ps();                     \
     for (long b = 0; b < blocks; b++) {                                                                              \
-        __m256i wq[W_MAX], wu[W_MAX];  /* the weight integers; unsigned: the integers, or their magnitudes */       \
-        __m256 dw[W_MAX];                                                                                            \
-        _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) {                                                        \
-            const uint8_t *block = w + j * row_bytes + b * per_block;                                               \
-            dw[j] = _mm256_set1_ps(half_at(block));                                                                  \
-            wq[j] = int8_block_vector(type, block);                                                                  \
-            wu[j] = type == Q4_1 ? wq[j] : _mm256_abs_epi8(wq[j]);                                                  \
+        const uint8_t *gb = g + b * group_block, *qs = gb + 16 * halves_of(type);                                    \
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));                                     \
+        __m256i u[8], w[8];  /* chunk c: weights 4c .. 4c + 3 of each row; u unsigned, w the signed Q8_0 bytes */   \
+        if (type == Q8_0) {                                                                                          \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                                    \
+                w[c] = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));                                           \
+                u[c] = _mm256_abs_epi8(w[c]);                                                                        \
+            }                                                                                                        \
+        } else {                                                                                                     \
+            const __m256i low = _mm256_set1_epi8(15);                                                                \
+            _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {                                                    \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));                                \
+                u[c] = _mm256_and_si256(v, low);                                                                     \
+                u[4 + c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                           \
+            }                                                                                                        \
         }                                                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) {                                                        \
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(xq + r * k_dim + b * QK));                      \
-            const __m256 dx = _mm256_set1_ps(xd[r * blocks + b]);                                                   \
-            _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) {                                                    \
-                const __m256i isum = DOT(wu[j], type == Q4_1 ? xv : _mm256_sign_epi8(xv, wq[j]));                   \
-                const __m256 scale = _mm256_mul_ps(dw[j], dx);  /* (dw * dx, as one float product) */               \
-                acc[r][j] = _mm256_add_ps(acc[r][j], _mm256_mul_ps(_mm256_cvtepi32_ps(isum), scale));               \
+            const int8_t *xb = xq + r * k_dim + b * QK;                                                              \
+            __m256i isum0 = _mm256_setzero_si256(), isum1 = _mm256_setzero_si256();  /* (two chains: exact ints) */ \
+            _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                                    \
+                int32_t four;                                                                                        \
+                memcpy(&four, xb + 4 * c, 4);                                                                        \
+                __m256i xv = _mm256_set1_epi32(four);                                                                \
+                if (type == Q8_0)                                                                                    \
+                    xv = _mm256_sign_epi8(xv, w[c]);                                                                 \
+                if (c % 2) isum1 = DOT(isum1, u[c], xv);                                                             \
+                else isum0 = DOT(isum0, u[c], xv);                                                                   \
             }                                                                                                        \
+            __m256i isum = _mm256_add_epi32(isum0, isum1);                                                           \
+            if (type == Q4_0)                                                                                        \
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xsum[r * blocks + b]));                          \
+            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * blocks + b]));                              \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);                                       \
+            if (type == Q4_1)                                                                                        \
+                macc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16))),             \
+                                          _mm256_set1_ps(xs[r * blocks + b]), macc[r]);                              \
         }                                                                                                            \
     }                                                                                                                \
     _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                              \
-        _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) y[r * ldy + j] = int8_lanes_sum(acc[r][j]);             \
-    if (type == Q4_1) {                                                                                              \
-        float msum[INT8_PASS_ROWS][W_MAX] = {{0}};                                                                   \
-        for (long b = 0; b < blocks; b++)                                                                            \
-            _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) {                                                    \
-                const float m = half_at(w + j * row_bytes + b * per_block + 2);                                     \
-                _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) msum[r][j] = msum[r][j] + m * xs[r * blocks + b]; \
-            }                                                                                                        \
-        _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                          \
-            _Pragma("GCC unroll 4") for (int j = 0; j < W; j++) y[r * ldy + j] = y[r * ldy + j] + msum[r][j];       \
-    }                                                                                                                \
+        _mm256_storeu_ps(y + r * ldy, type == Q4_1 ? _mm256_add_ps(acc[r], macc[r]) : acc[r]);                       \
 }                                                                                                                    \
                                                                                                                      \
-__attribute__((target(TARGET))) static void int8_weight_rows_##ISA(                                                  \
-        const int type, const int8_t *xq, const float *xd, const float *xs, long rows, long k_dim, const uint8_t *w, \
-        long n_lo, long n_hi, long ldy, float *y) {                                                                  \
-    const long row_bytes = k_dim / QK * block_bytes(type), blocks = k_dim / QK;                                      \
-    for (long n = n_lo; n < n_hi;) {                                                                                 \
-        const int W = n_hi - n >= W_MAX ? W_MAX : 1;                                                                 \
+__attribute__((target(TARGET))) static void int8_groups_##ISA(                                                       \
+        const int type, const int8_t *xq, const float *xd, const float *xs, const int32_t *xsum, long rows,          \
+        long k_dim, const uint8_t *w, long g_lo, long g_hi, long ldy, float *y) {                                    \
+    const long group_bytes = GROUP_ROWS * (k_dim / QK) * block_bytes(type), blocks = k_dim / QK;                     \
+    for (long g = g_lo; g < g_hi; g++)                                                                               \
         for (long m = 0; m < rows; m += INT8_PASS_ROWS) {                                                            \
             const long P = rows - m < INT8_PASS_ROWS ? rows - m : INT8_PASS_ROWS;                                    \
             const int8_t *xm = xq + m * k_dim;                                                                       \
             const float *dm = xd + m * blocks, *sm = xs + m * blocks;                                                \
-            const uint8_t *wn = w + n * row_bytes;                                                                   \
-            float *yn = y + m * ldy + n;                                                                             \
-            /* (P, W and the type constants in each call: the loops unroll into registers) */                       \
+            const int32_t *im = xsum + m * blocks;                                                                   \
+            const uint8_t *wg = w + g * group_bytes;                                                                 \
+            float *yg = y + m * ldy + g * GROUP_ROWS;                                                                \
+            /* (P and the type constants in each call: the loops unroll into registers) */                          \
             _Pragma("GCC unroll 4") for (int p = 1; p <= INT8_PASS_ROWS; p++) {                                      \
                 if (p != P) continue;                                                                                \
-                if (W == W_MAX) {                                                                                    \
-                    if (type == Q4_0) int8_tile_##ISA(p, W_MAX, Q4_0, xm, dm, sm, k_dim, wn, ldy, yn);               \
-                    else if (type == Q4_1) int8_tile_##ISA(p, W_MAX, Q4_1, xm, dm, sm, k_dim, wn, ldy, yn);          \
-                    else int8_tile_##ISA(p, W_MAX, Q8_0, xm, dm, sm, k_dim, wn, ldy, yn);                            \
-                } else {                                                                                             \
-                    if (type == Q4_0) int8_tile_##ISA(p, 1, Q4_0, xm, dm, sm, k_dim, wn, ldy, yn);                   \
-                    else if (type == Q4_1) int8_tile_##ISA(p, 1, Q4_1, xm, dm, sm, k_dim, wn, ldy, yn);              \
-                    else int8_tile_##ISA(p, 1, Q8_0, xm, dm, sm, k_dim, wn, ldy, yn);                                \
-                }                                                                                                    \
+                if (type == Q4_0) int8_group_##ISA(p, Q4_0, xm, dm, sm, im, k_dim, wg, ldy, yg);                     \
+                else if (type == Q4_1) int8_group_##ISA(p, Q4_1, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
+                else int8_group_##ISA(p, Q8_0, xm, dm, sm, im, k_dim, wg, ldy, yg);                                  \
             }                                                                                                        \
         }                                                                                                            \
-        n += W;                                                                                                      \
-    }                                                                                                                \
 }
 
-#define DOT_AVX2(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-#define DOT_VNNI(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
-INT8_PATH(avx2, "avx2,fma,f16c", 2, DOT_AVX2)
-INT8_PATH(vnni, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", 4, DOT_VNNI)
+#define DOT_AVX2(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#define DOT_VNNI(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+INT8_PATH(avx2, "avx2,fma,f16c", DOT_AVX2)
+INT8_PATH(vnni, "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c", DOT_VNNI)
+
+static void int8_groups_scalar(const int type, const int8_t *xq, const float *xd, const float *xs,
+                               const int32_t *xsum, long rows, long k_dim, const uint8_t *w, long g_lo, long g_hi,
+                               long ldy, float *y) {
+    const long group_bytes = GROUP_ROWS * (k_dim / QK) * block_bytes(type), blocks = k_dim / QK;
+    (void)xsum;
+    for (long g = g_lo; g < g_hi; g++)
+        for (int lane = 0; lane < GROUP_ROWS; lane++)
+            for (long r = 0; r < rows; r++)
+                y[r * ldy + g * GROUP_ROWS + lane] = int8_output_scalar(type, xq + r * k_dim, xd + r * blocks,
+                                                                        xs + r * blocks, k_dim, w + g * group_bytes,
+                                                                        lane);
+}
 
 /* The int8 paths this CPU has: bit INT8_SCALAR always, INT8_AVX2, INT8_VNNI where it has their instructions. */
 int quantized_int8_paths(void) {
@@ -728,17 +757,19 @@ int quantized_int8_paths(void) {
     return paths;
 }
 
-INLINE void int8_weight_rows(const int path, const int type, const int8_t *xq, const float *xd, const float *xs,
-                             long rows, long k_dim, const uint8_t *w, long n_lo, long n_hi, long ldy, float *y) {
-    if (path == INT8_VNNI) int8_weight_rows_vnni(type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, ldy, y);
-    else if (path == INT8_AVX2) int8_weight_rows_avx2(type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, ldy, y);
-    else int8_weight_rows_scalar(type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, ldy, y);
+INLINE void int8_groups(const int path, const int type, const int8_t *xq, const float *xd, const float *xs,
+                        const int32_t *xsum, long rows, long k_dim, const uint8_t *w, long g_lo, long g_hi, long ldy,
+                        float *y) {
+    if (path == INT8_VNNI) int8_groups_vnni(type, xq, xd, xs, xsum, rows, k_dim, w, g_lo, g_hi, ldy, y);
+    else if (path == INT8_AVX2) int8_groups_avx2(type, xq, xd, xs, xsum, rows, k_dim, w, g_lo, g_hi, ldy, y);
+    else int8_groups_scalar(type, xq, xd, xs, xsum, rows, k_dim, w, g_lo, g_hi, ldy, y);
 }
 
-/* y [rows, n_dim] = x [rows, k_dim] (rounded to int8 per block) times w^T, w [n_dim] rows of GGUF blocks of `type`,
- * any number of rows; k_dim % 32 == 0. path: INT8_SCALAR / INT8_AVX2 / INT8_VNNI, or -1 for the best this CPU has.
- * Threads as the float path's (each output computed by one thread with the same code). Returns 0; -1 for a type it
- * does not know, -2 for a path this CPU lacks, -3 where memory for the quantized x ran out (nothing written). */
+/* y [rows, n_dim] = x [rows, k_dim] (rounded to int8 per block) times w^T, w [n_dim] rows of GGUF blocks of `type` in
+ * the interleaved layout, any number of rows; k_dim % 32 == 0. path: INT8_SCALAR / INT8_AVX2 / INT8_VNNI, or -1 for
+ * the best this CPU has. Threads as the float path's, splitting the groups (each output computed by one thread with
+ * the same code). Returns 0; -1 for a type it does not know, -2 for a path this CPU lacks, -3 where memory for the
+ * quantized x ran out (nothing written). */
 int quantized_linear_int8(int type, int path, const float *x, long rows, long k_dim, const uint8_t *w, long n_dim,
                           float *y) {
     const int paths = quantized_int8_paths();
@@ -748,24 +779,31 @@ int quantized_linear_int8(int type, int path, const float *x, long rows, long k_
         path = paths & (1 << INT8_VNNI) ? INT8_VNNI : paths & (1 << INT8_AVX2) ? INT8_AVX2 : INT8_SCALAR;
     if (path > INT8_VNNI || !(paths & (1 << path)))
         return -2;
-    const long blocks = k_dim / QK;
-    int8_t *xq = malloc((size_t)rows * k_dim + 2 * (size_t)rows * blocks * sizeof(float) + 64);
+    const long blocks = k_dim / QK, groups = n_dim / GROUP_ROWS;
+    int8_t *xq = malloc((size_t)rows * k_dim + 3 * (size_t)rows * blocks * sizeof(float) + 64);
     if (!xq)
         return -3;
     float *xd = (float *)(xq + (rows * k_dim + 15) / 16 * 16), *xs = xd + rows * blocks;
-    quantize_activations(x, rows, k_dim, xq, xd, xs);
+    int32_t *xsum = (int32_t *)(xs + rows * blocks);
+    quantize_activations(x, rows, k_dim, xq, xd, xs, xsum);
     int threads = product_threads(n_dim, k_dim);
+    if (threads > groups)
+        threads = (int)groups;
     if (threads > 1) {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
         {
-            long quads = n_dim / 4, t = omp_get_thread_num(), T = omp_get_num_threads();
-            long n_lo = 4 * (quads * t / T), n_hi = t == T - 1 ? n_dim : 4 * (quads * (t + 1) / T);
-            int8_weight_rows(path, type, xq, xd, xs, rows, k_dim, w, n_lo, n_hi, n_dim, y);
+            long t = omp_get_thread_num(), T = omp_get_num_threads();
+            int8_groups(path, type, xq, xd, xs, xsum, rows, k_dim, w, groups * t / T, groups * (t + 1) / T, n_dim, y);
         }
 #endif
     } else
-        int8_weight_rows(path, type, xq, xd, xs, rows, k_dim, w, 0, n_dim, n_dim, y);
+        int8_groups(path, type, xq, xd, xs, xsum, rows, k_dim, w, 0, groups, n_dim, y);
+    const long row_bytes = blocks * block_bytes(type);
+    for (long n = groups * GROUP_ROWS; n < n_dim; n++)  /* (the last rows, fewer than a group: the file's layout) */
+        for (long r = 0; r < rows; r++)
+            y[r * n_dim + n] = int8_output_scalar(type, xq + r * k_dim, xd + r * blocks, xs + r * blocks, k_dim,
+                                                  w + n * row_bytes, -1);
     free(xq);
     return 0;
 }

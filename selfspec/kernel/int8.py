@@ -2,8 +2,9 @@
 blocks multiplied in integers by the kernel's `quantized_linear_int8` (AVX-512 VNNI, AVX2 or scalar, chosen at run
 time; every path computes the same sums in the same order, bit for bit), for any number of rows. Not the dequantized
 layer's function, since x is rounded; each row's result is independent of the rows beside it, which is what the
-engine's exactness needs. Knows the kernel's entry points; nothing about models or which backend a layer uses
-(`backends.py`)."""
+engine's exactness needs. The kernel reads weights whose rows are interleaved eight at a time (`interleave`: the
+file's bytes permuted, so that one vector load holds four weights of eight rows; `deinterleave` undoes it).
+Knows the kernel's entry points and that layout; nothing about models or which backend a layer uses (`backends.py`)."""
 from __future__ import annotations
 
 import ctypes
@@ -15,6 +16,59 @@ from selfspec.kernel import few_row_linear
 
 # The int8 kernel's code paths, by the kernel's numbering; every one computes the same sums (bit for bit).
 INT8_PATHS = ("scalar", "avx2", "vnni")
+GROUP_ROWS = 8  # weight rows interleaved together (the kernel's GROUP_ROWS)
+# GGML type id -> (bytes of one block, float16 values that open it: d, and Q4_1's m), as quantized.py's tables
+_BLOCKS = {2: (18, 1), 3: (20, 2), 8: (34, 1)}
+
+
+def interleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """GGUF rows [n, row bytes] (uint8) -> the same bytes in the int8 kernel's layout: full groups of GROUP_ROWS rows,
+    each block of a group its eight rows' float16 scales (Q4_1: then their mins), then their quantized bytes in chunks
+    of four (chunk c of rows 0..7, then chunk c + 1); the last n % 8 rows as they were."""
+    return _permuted(blocks, qtype, inverse=False)
+
+
+def deinterleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
+    """`interleave`'s inverse: the file's rows back."""
+    return _permuted(blocks, qtype, inverse=True)
+
+
+def _permuted(blocks: torch.Tensor, qtype: int, inverse: bool) -> torch.Tensor:
+    block_bytes, halves = _BLOCKS[qtype]
+    chunks = (block_bytes - 2 * halves) // 4
+    n_rows, row_bytes = blocks.shape
+    groups, per_row = n_rows // GROUP_ROWS, row_bytes // block_bytes
+    out = blocks.clone()
+    if groups:
+        grouped = blocks[:groups * GROUP_ROWS]
+        if not inverse:  # [G, 8, blocks, bytes] -> [G, blocks, (halves, 8, 2) + (chunks, 8, 4)]
+            by_row = grouped.reshape(groups, GROUP_ROWS, per_row, block_bytes)
+            scales = by_row[..., :2 * halves].reshape(groups, GROUP_ROWS, per_row, halves, 2).permute(0, 2, 3, 1, 4)
+            quants = by_row[..., 2 * halves:].reshape(groups, GROUP_ROWS, per_row, chunks, 4).permute(0, 2, 3, 1, 4)
+            parts = [scales.reshape(groups, per_row, -1), quants.reshape(groups, per_row, -1)]
+        else:
+            by_block = grouped.reshape(groups, per_row, GROUP_ROWS * block_bytes)
+            scales = by_block[..., :16 * halves].reshape(groups, per_row, halves, GROUP_ROWS, 2).permute(0, 3, 1, 2, 4)
+            quants = by_block[..., 16 * halves:].reshape(groups, per_row, chunks, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4)
+            parts = [scales.reshape(groups, GROUP_ROWS, per_row, -1), quants.reshape(groups, GROUP_ROWS, per_row, -1)]
+        out[:groups * GROUP_ROWS] = torch.cat(parts, dim=-1).reshape(groups * GROUP_ROWS, row_bytes)
+    return out
+
+
+def file_rows(blocks: torch.Tensor, qtype: int, ids: torch.Tensor) -> torch.Tensor:
+    """The file's bytes of rows `ids` (int64 [m]) of interleaved `blocks`: [m, row bytes], only their groups undone."""
+    n_rows, row_bytes = blocks.shape
+    full = n_rows // GROUP_ROWS * GROUP_ROWS
+    out = torch.empty(ids.numel(), row_bytes, dtype=torch.uint8)
+    grouped = ids < full
+    if grouped.any():
+        wanted = ids[grouped]
+        groups = blocks[:full].view(-1, GROUP_ROWS * row_bytes)[wanted // GROUP_ROWS]
+        rows = deinterleave(groups.view(-1, row_bytes), qtype).view(-1, GROUP_ROWS, row_bytes)
+        out[grouped] = rows[torch.arange(wanted.numel()), wanted % GROUP_ROWS]
+    if not grouped.all():
+        out[~grouped] = blocks[ids[~grouped]]
+    return out
 
 
 @lru_cache(maxsize=1)
@@ -37,15 +91,18 @@ def int8_paths() -> tuple[str, ...]:
 
 
 def int8_linear(x: torch.Tensor, weight: "QuantizedWeight", path: str | None = None) -> torch.Tensor:
-    """x [..., in_features] (float32, CPU) times the blocks of `weight`, x rounded to int8 per block of 32 and the
-    blocks multiplied in integers (the kernel's `quantized_linear_int8`, any number of rows). path: one of
-    `int8_paths()` (tests force each one), or None for the best this CPU has."""
+    """x [..., in_features] (float32, CPU) times the blocks of `weight` (interleaved: `weight.set_interleaved(True)`),
+    x rounded to int8 per block of 32 and the blocks multiplied in integers (the kernel's `quantized_linear_int8`, any
+    number of rows). path: one of `int8_paths()` (tests force each one), or None for the best this CPU has."""
     linear = _int8_entry_points()[0]
     if x.dtype is not torch.float32 or not x.is_cpu or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"x {tuple(x.shape)} {x.dtype}: expected float32 CPU rows of {weight.shape[1]}")
     code = -1 if path is None else INT8_PATHS.index(path) if path in INT8_PATHS else None
     if code is None:
         raise ValueError(f"path={path!r}: expected one of {INT8_PATHS} or None")
+    if not weight.interleaved:
+        raise ValueError(f"{weight!r} is in the file's layout; the int8 kernel reads interleaved rows: "
+                         "weight.set_interleaved(True) first (QuantizedLinear(backend='int8') does)")
     x_rows = x.detach().contiguous()
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
     status = linear(weight.qtype, code, x_rows.data_ptr(), x.numel() // weight.shape[1], weight.shape[1],

@@ -23,7 +23,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-from selfspec.kernel import few_row_linear
+from selfspec.kernel import few_row_linear, int8
 from selfspec.kernel.backends import resolve_backend
 from selfspec.kernel.int8 import int8_linear
 
@@ -87,6 +87,8 @@ class QuantizedWeight:
     dtype = torch.float32
     requires_grad = False
     is_cpu = True
+    # whether `blocks` holds the rows interleaved for the int8 kernel (`int8.interleave`) instead of the file's layout
+    interleaved = False
 
     def __init__(self, blocks: torch.Tensor, qtype: int | str, in_features: int):
         self.qtype = type_id(qtype)
@@ -117,6 +119,14 @@ class QuantizedWeight:
     def detach(self) -> "QuantizedWeight":
         return self
 
+    def set_interleaved(self, interleaved: bool) -> None:
+        """Hold the rows in the int8 kernel's layout (True) or the file's (False), rewriting `blocks` in place (the
+        same tensor, so modules holding it see the change; a permutation of the bytes, nothing rounded)."""
+        if interleaved != self.interleaved:
+            permute = int8.interleave if interleaved else int8.deinterleave
+            self.blocks.copy_(permute(self.blocks, self.qtype))
+            self.interleaved = interleaved
+
     def rows(self, ids: torch.Tensor | None = None, first: int = 0, count: int | None = None) -> torch.Tensor:
         """[len(ids), in_features] float32: the dequantized rows `ids` (int64 [n]), or rows first .. first + count - 1."""
         dequantize_rows = _entry_points()[1]
@@ -130,8 +140,11 @@ class QuantizedWeight:
             count = n_rows - first if count is None else count
             if not (0 <= first and first + count <= n_rows):
                 raise IndexError(f"rows {first}..{first + count - 1} of {n_rows}")
-        out = torch.empty(count, k_dim)
-        dequantize_rows(self.qtype, self.blocks.data_ptr(), k_dim, None if ids is None else ids.data_ptr(), first,
+        out, blocks = torch.empty(count, k_dim), self.blocks
+        if self.interleaved:  # (the file's bytes of just these rows first)
+            blocks = int8.file_rows(blocks, self.qtype, torch.arange(first, first + count) if ids is None else ids)
+            ids, first = None, 0
+        dequantize_rows(self.qtype, blocks.data_ptr(), k_dim, None if ids is None else ids.data_ptr(), first,
                         count, out.data_ptr())
         return out
 
@@ -162,7 +175,8 @@ class QuantizedWeight:
         return func(*plain(args), **plain(kwargs or {}))
 
     def __repr__(self) -> str:
-        return f"QuantizedWeight({self.name}, shape={tuple(self.shape)})"
+        layout = ", interleaved" if self.interleaved else ""
+        return f"QuantizedWeight({self.name}, shape={tuple(self.shape)}{layout})"
 
 
 class QuantizedLinear(torch.nn.Module):
@@ -176,10 +190,20 @@ class QuantizedLinear(torch.nn.Module):
         super().__init__()
         self.in_features, self.out_features = weight.shape[1], weight.shape[0]
         self._weight = weight
-        self.backend = resolve_backend(backend, weight.qtype)
         self.register_buffer("blocks", weight.blocks)  # (counted and moved with the model's buffers; never trained)
+        self.backend = resolve_backend(backend, weight.qtype)
         self.bias = None if bias is None else torch.nn.Parameter(bias.detach().float().contiguous(),
                                                                  requires_grad=False)
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    @backend.setter
+    def backend(self, backend: str) -> None:
+        """"float" or "int8" (resolved): the weight's rows are laid out for it (int8: interleaved, in place)."""
+        self._backend = backend
+        self._weight.set_interleaved(backend == "int8")
 
     @property
     def weight(self) -> QuantizedWeight:
@@ -192,7 +216,7 @@ class QuantizedLinear(torch.nn.Module):
             out = int8_linear(x, self._weight)
             return out if self.bias is None else out + self.bias
         if (1 <= rows <= MAX_ROWS and x.dtype is torch.float32 and x.is_cpu and x.shape[-1] == self.in_features
-                and not (torch.is_grad_enabled() and x.requires_grad)):
+                and not (torch.is_grad_enabled() and x.requires_grad) and not self._weight.interleaved):
             linear = _entry_points()[0]
             x_rows = x.contiguous()
             out = x.new_empty((*x.shape[:-1], self.out_features))

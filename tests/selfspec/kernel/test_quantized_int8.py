@@ -18,12 +18,14 @@ SHAPES = [(1, 32), (7, 96), (37, 608), (66, 160)]
 
 def int8_reference(x: torch.Tensor, weight: q.QuantizedWeight) -> torch.Tensor:
     """[rows, n] the int8 backend's result, written out naively: x [rows, k] rounded per block of 32 to int8 (scale
-    max |x| / 127, x * (1 / scale) rounded half to even), exact integer products summed in 8 lanes of 4 per block,
-    each lane accumulating (float) lane sum * (weight scale * x scale) block after block, the lanes summed pairwise,
-    and for Q4_1 the blocks' min * (x scale * sum of x's integers) summed block after block and added."""
+    max |x| / 127, x * (1 / scale) rounded half to even), each block's 32 products summed exactly, and block after
+    block acc = fma(float(block sum), weight scale * x scale, acc); for Q4_1 also macc = fma(block min, x scale * sum
+    of x's integers, macc), added at the end. (The fused multiply-add is emulated in float64: the product is exact
+    there, and the sum's rounding before float32's differs from one rounding only on a float32 tie, ~2^-28 a step.)"""
     n_dim, k_dim = weight.shape
     rows, blocks = x.shape[0], k_dim // q.BLOCK_WEIGHTS
-    raw = weight.blocks.view(n_dim, blocks, q.BLOCK_BYTES[weight.qtype])
+    file_bytes = int8.deinterleave(weight.blocks, weight.qtype) if weight.interleaved else weight.blocks
+    raw = file_bytes.view(n_dim, blocks, q.BLOCK_BYTES[weight.qtype])
     half = lambda at: raw[..., at:at + 2].contiguous().view(torch.float16).float()[..., 0]  # noqa: E731
     scale_w = half(0)  # [n, blocks]
     if weight.name == "Q8_0":
@@ -35,26 +37,31 @@ def int8_reference(x: torch.Tensor, weight: q.QuantizedWeight) -> torch.Tensor:
     scale_x = x_blocks.abs().amax(-1) / 127  # [rows, blocks]
     inverse = torch.where(scale_x != 0, 1 / scale_x, torch.zeros(()))
     x_ints = torch.round(x_blocks * inverse[..., None]).clamp(-127, 127).long()
-    lanes = (x_ints[:, None] * integers[None]).view(rows, n_dim, blocks, 8, 4).sum(-1)  # [rows, n, blocks, 8]
-    scales = scale_w[None] * scale_x[:, None]  # [rows, n, blocks]
-    acc = torch.zeros(rows, n_dim, 8)
+    sums = (x_ints[:, None] * integers[None]).sum(-1)  # [rows, n, blocks], exact
+    scales = scale_w[None] * scale_x[:, None]  # [rows, n, blocks], float32 products
+
+    def fma(a, b, c):
+        return (a.double() * b.double() + c.double()).float()
+    acc = torch.zeros(rows, n_dim)
     for b in range(blocks):
-        acc = acc + lanes[:, :, b].float() * scales[:, :, b, None]
-    out = ((acc[..., 0] + acc[..., 4]) + (acc[..., 2] + acc[..., 6])) + \
-          ((acc[..., 1] + acc[..., 5]) + (acc[..., 3] + acc[..., 7]))
+        acc = fma(sums[:, :, b].float(), scales[:, :, b], acc)
     if weight.name == "Q4_1":
         sums_x, mins, total = scale_x * x_ints.sum(-1).float(), half(2), torch.zeros(rows, n_dim)
         for b in range(blocks):
-            total = total + mins[None, :, b] * sums_x[:, None, b]
-        out = out + total
-    return out
+            total = fma(mins[None, :, b].expand(rows, -1), sums_x[:, None, b].expand(-1, n_dim), total)
+        acc = acc + total
+    return acc
 
 
 def weights(qtype, n_dim, k_dim, seed):
-    """gguf's quantization of random weights, and random blocks (every integer, Q8_0's -128 included)."""
+    """gguf's quantization of random weights, and random blocks (every integer, Q8_0's -128 included), interleaved
+    for the int8 kernel."""
     from tests.selfspec.kernel.test_quantized import quantized_weight
 
-    return [quantized_weight(qtype, n_dim, k_dim, seed=seed)[0], q.random_weight(qtype, n_dim, k_dim, seed=seed)]
+    found = [quantized_weight(qtype, n_dim, k_dim, seed=seed)[0], q.random_weight(qtype, n_dim, k_dim, seed=seed)]
+    for weight in found:
+        weight.set_interleaved(True)
+    return found
 
 
 def rows_of(rows, k_dim, seed):
@@ -77,6 +84,22 @@ def test_the_cpu_has_the_expected_paths(needs_kernel):
     assert int8.int8_paths()[0] == "scalar"
     assert ("avx2" in int8.int8_paths()) == (" avx2" in cpu)
     assert ("vnni" in int8.int8_paths()) == (" avx512_vnni" in cpu and " avx512vl" in cpu and " avx512bw" in cpu)
+
+
+@pytest.mark.parametrize("qtype", TYPES)
+@pytest.mark.parametrize("n_dim", [1, 8, 13, 24, 67])
+def test_interleaving_permutes_the_bytes_and_every_row_reads_back(needs_kernel, qtype, n_dim):
+    weight = q.random_weight(qtype, n_dim, 96, seed=n_dim)
+    plain, rows = weight.blocks.clone(), weight.dequantize()
+    weight.set_interleaved(True)
+    assert weight.interleaved and "interleaved" in repr(weight)
+    assert torch.equal(weight.blocks.flatten().sort()[0], plain.flatten().sort()[0])  # the same bytes,
+    assert torch.equal(weight.blocks, plain) == (n_dim < int8.GROUP_ROWS)  # moved where a group exists
+    assert torch.equal(weight.dequantize(), rows)  # read back through the layout
+    ids = torch.tensor([n_dim - 1, 0, n_dim // 2, n_dim - 1])
+    assert torch.equal(weight[ids], rows[ids]) and torch.equal(weight.rows(first=n_dim // 2), rows[n_dim // 2:])
+    weight.set_interleaved(False)
+    assert torch.equal(weight.blocks, plain)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -115,6 +138,7 @@ def test_each_row_is_the_row_computed_alone(path, qtype, rows):
 
 def test_threads_do_not_change_the_result(needs_kernel):
     weight, x = q.random_weight("Q4_1", 512, 512, seed=1), rows_of(6, 512, seed=1)
+    weight.set_interleaved(True)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -127,6 +151,9 @@ def test_threads_do_not_change_the_result(needs_kernel):
 
 def test_a_missing_path_or_a_bad_backend_says_so(needs_kernel, monkeypatch):
     weight = q.random_weight("Q8_0", 4, 64)
+    with pytest.raises(ValueError, match="set_interleaved"):  # the file's layout: not what the kernel reads
+        int8.int8_linear(torch.ones(1, 64), weight)
+    weight.set_interleaved(True)
     with pytest.raises(ValueError, match="expected one of"):
         int8.int8_linear(torch.ones(1, 64), weight, "avx512")
     if "vnni" not in int8.int8_paths():
