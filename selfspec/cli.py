@@ -207,6 +207,9 @@ def _add_generate(commands) -> None:
                           help="end-of-sequence token id, repeatable; default: the model's generation config")
     decoding.add_argument("--no-stream", action="store_true",
                           help="print the completion once it is finished; default: stream it as tokens are accepted")
+    decoding.add_argument("--verbose", action="store_true",
+                          help="also say on stderr how the model runs: the quantized products' backend per GGUF type "
+                          "and the timings \"auto\" chose it by, the drafter, the draft shape")
 
 
 def _add_serve(commands) -> None:
@@ -290,6 +293,11 @@ def _add_model_arguments(parser, model: str) -> None:
                        "blocks where the model is float32 on a CPU and the few-row kernel builds (about the file's "
                        "size in memory; a decode streams those bytes), else dequantizes; keep: fail if it cannot; "
                        "dequantize: float32 weights, as transformers loads them")
+    where.add_argument("--quantized-backend", choices=("auto", "float", "int8"),
+                       help="how kept GGUF blocks multiply: auto (default) int8 where it measures faster on this "
+                       "machine (measured once, cached), else float; float: weights widened to float32 (the "
+                       "dequantized model's function); int8: activations rounded to int8 per block of 32, integer "
+                       "dot products (llama.cpp's method); default: $SELFSPEC_QUANTIZED_BACKEND, else auto")
     where.add_argument("--draft-dtype", choices=("auto", "bfloat16", "model"), default="auto",
                        help="the dtype the drafter's own weights (heads, draft vocabulary) stream in where the few-row "
                        "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
@@ -375,7 +383,8 @@ def _load(args):
         engine = SelfSpecModel.from_pretrained(
             args.model, heads=args.heads, drafter=args.drafter, drafter_options=dict(args.drafter_option),
             dtype=dtype if dtype == "auto" else getattr(torch, dtype), tree_size=args.tree_size,
-            few_row_kernel=args.few_row_kernel, draft_dtype=args.draft_dtype, quantized=args.quantized, **placement,
+            few_row_kernel=args.few_row_kernel, draft_dtype=args.draft_dtype, quantized=args.quantized,
+            quantized_backend=args.quantized_backend, **placement,
         )
     except (FileNotFoundError, ImportError) as err:  # a missing wheel or gguf package: say what to install
         flag = f"--heads {args.heads}" if args.heads and args.heads in str(err) else f"--model {args.model}"
@@ -383,6 +392,17 @@ def _load(args):
     if engine.tokenizer is None:
         raise UsageError(f"--model {args.model}: no tokenizer files there; {args.command} needs one to read prompts")
     return engine
+
+
+def _how_it_runs(engine) -> str:
+    """--verbose's line: the model's device and dtype, its quantized products, the drafter, the draft shape."""
+    from selfspec.kernel.backends import describe
+
+    target = engine.target
+    shape = f"trees of up to {engine.tree_size} drafts" if engine.tree_size else "chains of drafts"
+    products = describe(engine.model) or "no quantized products"
+    return (f"selfspec: {target.dtype} on {target.device}, {products}; drafter {type(engine.drafter).__name__}, "
+            f"{shape}")
 
 
 def _as_prompt(text: str, chat: bool):
@@ -402,6 +422,8 @@ def _generate(args) -> int:
     text = _read_prompt(args) if texts is None else None
     sampling = _sampling(args)
     engine = _load(args)
+    if args.verbose:
+        print(_how_it_runs(engine), file=sys.stderr, flush=True)
     options = dict(
         max_new_tokens=args.max_new_tokens, num_draft_tokens=args.num_draft_tokens, seed=args.seed,
         eos_token_id=args.eos_token_id, stop_strings=args.stop, **sampling,

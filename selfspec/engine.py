@@ -161,17 +161,21 @@ class SelfSpecModel:
 
     @classmethod
     def from_pretrained(cls, name_or_path, heads=None, drafter=None, device=None, drafter_options=None, dtype=None,
-                        tree_size="auto", few_row_kernel="auto", draft_dtype="auto", quantized="auto", **model_kwargs):
+                        tree_size="auto", few_row_kernel="auto", draft_dtype="auto", quantized="auto",
+                        quantized_backend=None, **model_kwargs):
         """Load the base (a directory, a hub id, a .gguf file, or "smollm2") and its tokenizer; dtype, device_map, ...
         pass through to AutoModelForCausalLM. Without a dtype, a half-precision checkpoint on a CPU runs in float32
         (selfspec/loading.py); an explicit dtype always wins. quantized (a .gguf file): "auto" (default) keeps its
         Q8_0 / Q4_0 / Q4_1 linears and LM head as the file's blocks where the model is float32 on a CPU and selfspec's
         kernel builds (about the file's size in memory, the same function up to float32 addition order), else
-        dequantizes; "keep" the same or an error; "dequantize" transformers' float32 weights."""
+        dequantizes; "keep" the same or an error; "dequantize" transformers' float32 weights. quantized_backend: how
+        kept blocks multiply: "auto" (default: int8 products, llama.cpp's method, where they measure faster here),
+        "float" (the dequantized model's function) or "int8" (`selfspec/loading.py`)."""
         from selfspec.loading import load_model, load_tokenizer
 
         _check_from_pretrained_keywords(model_kwargs, drafter_options)  # before loading: transformers would say less
-        model = load_model(name_or_path, dtype=dtype, device=device, quantized=quantized, **model_kwargs)
+        model = load_model(name_or_path, dtype=dtype, device=device, quantized=quantized,
+                           quantized_backend=quantized_backend, **model_kwargs)
         tokenizer = load_tokenizer(name_or_path)
         return cls(model, drafter=drafter, heads=heads, tokenizer=tokenizer, tree_size=tree_size,
                    few_row_kernel=few_row_kernel, draft_dtype=draft_dtype, **(drafter_options or {}))

@@ -90,17 +90,23 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = None, device=None,
-               quantized: str = "auto", **model_kwargs):
+               quantized: str = "auto", quantized_backend: str | None = None, **model_kwargs):
     """AutoModelForCausalLM in eval mode. dtype=None: the checkpoint's dtype, except that half precision becomes
     float32 when the model lands on a CPU; an explicit dtype always wins. quantized (a .gguf file): "auto" (default:
     its Q8_0 / Q4_0 / Q4_1 decoder linears and LM head stay the file's blocks where the kernel builds and the model is
-    float32 on a CPU, the same function up to float32 addition order in about a sixth of the memory; else
-    dequantized), "keep" (the same, or an error saying why not), "dequantize" (transformers' float32 weights). Other
-    keywords pass through."""
+    float32 on a CPU, in about a sixth of the memory; else dequantized), "keep" (the same, or an error saying why not),
+    "dequantize" (transformers' float32 weights). quantized_backend: how kept blocks multiply (kernel/backends.py):
+    "auto" (int8, llama.cpp's method, where it measures faster here, else float), "float" (the dequantized model's
+    function up to float32 addition order), "int8"; None: $SELFSPEC_QUANTIZED_BACKEND, else "auto". Other keywords
+    pass through."""
     from transformers import AutoModelForCausalLM
 
     if quantized not in QUANTIZED:
         raise ValueError(f"quantized={quantized!r}: expected one of {QUANTIZED}")
+    from selfspec.kernel.backends import BACKENDS
+
+    if quantized_backend is not None and quantized_backend not in BACKENDS:
+        raise ValueError(f"quantized_backend={quantized_backend!r}: expected one of {BACKENDS} (or None)")
     path = resolve_model_path(name_or_path)
     if quantized == "keep" and not is_gguf(path):
         raise ValueError(f"quantized='keep' keeps a .gguf file's blocks; {path} is not one (pass quantized='auto')")
@@ -116,11 +122,11 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None 
     if dtype is None and weight.device.type == "cpu" and weight.dtype in (torch.float16, torch.bfloat16):
         model = model.float()  # half precision is slower than float32 on this kind of CPU, and less exact
     if is_gguf(path) and quantized != "dequantize":
-        keep_quantized(model, path, required=quantized == "keep")
+        keep_quantized(model, path, required=quantized == "keep", backend=quantized_backend)
     return model.eval()
 
 
-def keep_quantized(model, path: str, required: bool = False):
+def keep_quantized(model, path: str, required: bool = False, backend: str | None = None):
     """Replace `model`'s decoder linears and LM head (and a tied input embedding) by quantized modules holding the GGUF
     file's blocks, where the tensor's type is one the kernel reads; each replaced weight is first checked to
     dequantize bit for bit to the float32 weight transformers loaded (so the row order, e.g. of Llama's permuted q / k
@@ -151,13 +157,14 @@ def keep_quantized(model, path: str, required: bool = False):
     for tensor_name, module_name, num_heads in targets:
         weight = _kept_weight(tensors.get(tensor_name), decoder.get_submodule(module_name), num_heads, unsupported)
         if weight is not None:
-            _replace(decoder, module_name, q.QuantizedLinear(weight, decoder.get_submodule(module_name).bias))
+            _replace(decoder, module_name, q.QuantizedLinear(weight, decoder.get_submodule(module_name).bias,
+                                                                     backend=backend))
             kept += 1
     embedding, tied = model.get_input_embeddings(), head.weight is model.get_input_embeddings().weight
     source = tensors.get("output.weight") or (tensors.get("token_embd.weight") if tied else None)
     weight = _kept_weight(source, head, None, unsupported)
     if weight is not None:
-        model.set_output_embeddings(q.QuantizedLinear(weight, head.bias))
+        model.set_output_embeddings(q.QuantizedLinear(weight, head.bias, backend=backend))
         if tied:  # one set of blocks for both, as the float32 model had one weight
             model.set_input_embeddings(q.QuantizedEmbedding(weight, embedding.padding_idx))
         kept += 1

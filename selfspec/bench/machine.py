@@ -15,7 +15,7 @@ SIMD_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16"
 def machine_info(device: str, threads: int) -> dict:
     import transformers
 
-    from selfspec.kernel.backends import BACKEND_ENV
+    from selfspec.kernel.backends import backend_setting, measured_choices
 
     cpu = platform.processor() or platform.machine()
     flags: list[str] = []
@@ -34,7 +34,8 @@ def machine_info(device: str, threads: int) -> dict:
         "device_name": torch.cuda.get_device_name(device) if cuda else cpu,
         "cpu": cpu,
         "cpu_flags": flags,  # the instruction sets the kernels choose their paths by
-        "quantized_backend": os.environ.get(BACKEND_ENV) or "float",  # kept GGUF blocks' products (kernel/backends.py)
+        "quantized_backend": backend_setting(),  # kept GGUF blocks' products (kernel/backends.py)
+        "quantized_backends_measured": measured_choices(),  # what "auto" chose per GGUF type, and the timings
         "cpus": os.cpu_count(),
         "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

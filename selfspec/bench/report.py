@@ -110,8 +110,8 @@ def _caption(report: dict) -> str:
     llama = (", llama.cpp's too (its context is reset before each run: no prompt reuse)"
              if any(r["family"] == "llama.cpp" for r in report["records"]) else "")
     return (
-        f"Machine: {m['device_name']} ({' '.join(m.get('cpu_flags') or []) or 'no SIMD flags read'}; quantized "
-        f"products: {m.get('quantized_backend', 'float')}), {m['cpus_available']} CPUs available, torch {m['torch']} with "
+        f"Machine: {m['device_name']} ({' '.join(m.get('cpu_flags') or []) or 'no SIMD flags read'}; "
+        f"{m.get('quantized_products') or 'quantized products: ' + m.get('quantized_backend', 'float')}), {m['cpus_available']} CPUs available, torch {m['torch']} with "
         f"{m['torch_threads']} thread(s), transformers {m['transformers']}, Python {m['python']}; load average "
         f"{m['load_average_1min']:.1f} at the start. {s['num_prompts']} held-out {report['prompt_kind']} prompts, "
         f"{s['max_new_tokens']} new tokens at most (EOS stops a run), {s['repeats']} round(s), methods in a random "

@@ -72,6 +72,10 @@ def main(argv=None) -> dict:
                      "token, so any speculative method's greedy tokens (transformers' too) can part from plain "
                      "generate's at near-ties")
     loaded = load(settings, notes)
+    from selfspec.kernel.backends import describe, measured_choices
+
+    machine["quantized_backends_measured"] = measured_choices()  # (what loading the model chose, now measured)
+    machine["quantized_products"] = describe(loaded.model)
     report["base_parameters"] = base = parameters(loaded.transformers_model)[0]
     kind, texts = prompt_texts(loaded.tokenizer, settings.num_prompts)
     report["prompt_kind"], report["prompts"] = kind, [label(t) for t in texts]

@@ -1,7 +1,7 @@
-"""Which backend a kept-blocks layer multiplies with: "float" (the default: weights widened to float32, the
-dequantized layer's function), "int8" (`int8.py`, llama.cpp's method) or "auto" (int8 where `chosen_backend`
-measured it clearly faster on this machine, once, kept in the selfspec cache directory). Knows timings and the
-setting; nothing about models beyond `use_backend`."""
+"""Which backend a kept-blocks layer multiplies with: "auto" (the default: int8 where `chosen_backend` measured it
+clearly faster on this machine, once, kept in the selfspec cache directory; else float), "float" (weights widened to
+float32: the dequantized layer's function) or "int8" (`int8.py`, llama.cpp's method: activations rounded to int8 per
+block of 32). Knows timings and the setting; nothing about models beyond `use_backend` and `describe`."""
 from __future__ import annotations
 
 import json
@@ -27,8 +27,8 @@ logger = logging.getLogger(__name__)
 
 def resolve_backend(setting: str | None, qtype: int | str) -> str:
     """"float" or "int8" for a layer of GGUF type `qtype`: setting None reads $SELFSPEC_QUANTIZED_BACKEND (default
-    "float"); "auto" is `chosen_backend(qtype)`."""
-    setting = setting if setting is not None else os.environ.get(BACKEND_ENV) or "float"
+    "auto"); "auto" is `chosen_backend(qtype)`."""
+    setting = setting if setting is not None else backend_setting()
     if setting not in BACKENDS:
         raise ValueError(f"quantized backend {setting!r} (argument or ${BACKEND_ENV}): expected one of {BACKENDS}")
     from selfspec.kernel.quantized import type_id  # (quantized.py imports this module)
@@ -36,17 +36,51 @@ def resolve_backend(setting: str | None, qtype: int | str) -> str:
     return chosen_backend(type_id(qtype)) if setting == "auto" else setting
 
 
+def backend_setting() -> str:
+    """$SELFSPEC_QUANTIZED_BACKEND, or "auto" where it is unset."""
+    return os.environ.get(BACKEND_ENV) or "auto"
+
+
+def _measured_path():
+    key = f"{few_row_linear.kernel_version()}-{torch.get_num_threads()}threads"
+    return cache_dir() / "quantized" / f"backends-{key}.json"
+
+
+def measured_choices() -> dict[str, dict]:
+    """What "auto" measured on this machine at this thread count, per GGUF type name: {"Q4_1": {"backend": "int8",
+    "ms": {"float": {"1": ms, "32": ms}, "int8": {...}}}} (empty before anything was measured)."""
+    try:
+        return json.loads(_measured_path().read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def describe(model: torch.nn.Module) -> str | None:
+    """One line: the backend each GGUF type of `model`'s kept layers multiplies with, and where "auto" measured it, the
+    timings it chose by (None for a model with no kept layers)."""
+    from selfspec.kernel.quantized import QuantizedLinear
+
+    used = {}
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            used.setdefault(module.weight.name, module.backend)
+    if not used:
+        return None
+    known, parts = measured_choices(), []
+    for name, backend in sorted(used.items()):
+        ms = known.get(name, {}).get("ms")
+        timing = "" if not ms else (f" (one row {ms['float']['1']} ms float / {ms['int8']['1']} ms int8, "
+                                    f"{MAX_ROWS} rows {ms['float'][str(MAX_ROWS)]} / {ms['int8'][str(MAX_ROWS)]})")
+        parts.append(f"{name} {backend}{timing}")
+    return f"quantized products ({backend_setting()}): " + "; ".join(parts)
+
+
 @lru_cache(maxsize=None)
 def chosen_backend(qtype: int) -> str:
     """The faster backend for weights of GGUF type `qtype` on this machine, measured once (`measure_backends`) and
     kept in the selfspec cache directory per kernel build and thread count: "int8" where one row costs at most
     INT8_GAIN of the float path's time and MAX_ROWS rows no more, else "float"."""
-    key = f"{few_row_linear.kernel_version()}-{torch.get_num_threads()}threads"
-    path = cache_dir() / "quantized" / f"backends-{key}.json"
-    try:
-        known = json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        known = {}
+    path, known = _measured_path(), measured_choices()
     from selfspec.kernel.quantized import TYPES
 
     name = next(name for name, code in TYPES.items() if code == qtype)
@@ -54,7 +88,8 @@ def chosen_backend(qtype: int) -> str:
         times = measure_backends(qtype)
         faster = (times["int8"][1] <= INT8_GAIN * times["float"][1]
                   and times["int8"][MAX_ROWS] <= times["float"][MAX_ROWS])
-        known[name] = {"backend": "int8" if faster else "float", "ms": times}
+        known[name] = {"backend": "int8" if faster else "float",
+                       "ms": {backend: {str(rows): ms for rows, ms in by_rows.items()} for backend, by_rows in times.items()}}
         logger.info("selfspec: %s products, float path %s ms, int8 path %s ms (1 / %d rows): backend %s", name,
                     times["float"], times["int8"], MAX_ROWS, known[name]["backend"])
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,8 +8,9 @@ where BLAS's GEMM is the faster path. Every weight is the float32 value gguf's d
 GGUF loading) gives, so a layer's function is the dequantized layer's up to the order of float32 additions.
 
 Two backends compute a layer's products over the blocks (`QuantizedLinear(backend=...)`, or
-$SELFSPEC_QUANTIZED_BACKEND; `backends.py`): "float", the default, as above, and "int8", llama.cpp's method
-(`int8.py`).
+$SELFSPEC_QUANTIZED_BACKEND; `backends.py`): "float", as above, and "int8", llama.cpp's method (`int8.py`: activations
+rounded to int8 per block of 32, integer dot products); "auto", the default, takes int8 where it measures clearly
+faster on this machine.
 
 `QuantizedWeight` stands where code reads a layer's `.weight` (shape, dtype, device; rows by indexing, dequantized
 on demand; other tensor uses dequantize the whole weight, a rare cost). It knows nothing of GGUF files or models:
@@ -184,7 +185,7 @@ class QuantizedLinear(torch.nn.Module):
     anything else (more rows, another dtype, a gradient to record for x) through F.linear over dequantized chunks of
     weight rows. Not an nn.Linear, so `FewRowLinears` leaves it alone: its own forward is the kernel.
     backend: "float", "int8" (every float32 CPU product without a gradient through `int8_linear`, whatever its rows)
-    or "auto" (`resolve_backend`); None: $SELFSPEC_QUANTIZED_BACKEND, default "float"."""
+    or "auto" (`resolve_backend`); None: $SELFSPEC_QUANTIZED_BACKEND, default "auto"."""
 
     def __init__(self, weight: QuantizedWeight, bias: torch.Tensor | None = None, backend: str | None = None):
         super().__init__()
@@ -210,20 +211,31 @@ class QuantizedLinear(torch.nn.Module):
         return self._weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.numel() // self.in_features
-        if (self.backend == "int8" and rows and x.dtype is torch.float32 and x.is_cpu
-                and x.shape[-1] == self.in_features and not (torch.is_grad_enabled() and x.requires_grad)):
-            out = int8_linear(x, self._weight)
-            return out if self.bias is None else out + self.bias
-        if (1 <= rows <= MAX_ROWS and x.dtype is torch.float32 and x.is_cpu and x.shape[-1] == self.in_features
-                and not (torch.is_grad_enabled() and x.requires_grad) and not self._weight.interleaved):
+        if torch.compiler.is_compiling():  # (one opaque op in the graph: kernel/ops.py)
+            from selfspec.kernel.ops import quantized_linear
+
+            out = quantized_linear(x, self.blocks, self._weight.qtype, self.in_features, self._weight.interleaved)
+        else:
+            out = self.eager_product(x, self._weight, self._backend)
+        return out if self.bias is None else out + self.bias.to(out.dtype)
+
+    @staticmethod
+    def eager_product(x: torch.Tensor, weight: QuantizedWeight, backend: str) -> torch.Tensor:
+        """x W^T through `backend` ("float" or "int8"; its weight layout): the kernel where it takes x, else F.linear
+        over dequantized chunks (a gradient to record for x, another dtype or device)."""
+        rows, in_features = x.numel() // weight.shape[1], weight.shape[1]
+        plain = (rows and x.dtype is torch.float32 and x.is_cpu and x.shape[-1] == in_features
+                 and not (torch.is_grad_enabled() and x.requires_grad))
+        if plain and backend == "int8":
+            return int8_linear(x, weight)
+        if plain and rows <= MAX_ROWS and not weight.interleaved:
             linear = _entry_points()[0]
             x_rows = x.contiguous()
-            out = x.new_empty((*x.shape[:-1], self.out_features))
-            linear(self._weight.qtype, x_rows.data_ptr(), rows, self.in_features, self._weight.blocks.data_ptr(),
-                   self.out_features, out.data_ptr())
-            return out if self.bias is None else out + self.bias
-        return chunked_linear(x, self._weight, self.bias)
+            out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+            linear(weight.qtype, x_rows.data_ptr(), rows, in_features, weight.blocks.data_ptr(), weight.shape[0],
+                   out.data_ptr())
+            return out
+        return chunked_linear(x, weight)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, {self._weight.name}, "

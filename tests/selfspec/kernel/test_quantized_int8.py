@@ -168,8 +168,11 @@ def test_a_missing_path_or_a_bad_backend_says_so(needs_kernel, monkeypatch):
 
 def test_the_layer_takes_its_backend_for_every_row_count(needs_kernel, monkeypatch):
     weight, bias = q.random_weight("Q4_0", 40, 96, seed=2), torch.randn(40)
+    monkeypatch.setattr(backends, "chosen_backend", lambda qtype: "float")
     monkeypatch.delenv(backends.BACKEND_ENV, raising=False)
-    assert q.QuantizedLinear(weight).backend == "float"  # the default
+    assert q.QuantizedLinear(weight).backend == "float"  # the default: "auto", measured (here: float)
+    monkeypatch.setattr(backends, "chosen_backend", lambda qtype: "int8")
+    assert q.QuantizedLinear(weight).backend == "int8" and weight.interleaved
     monkeypatch.setenv(backends.BACKEND_ENV, "int8")
     layer = q.QuantizedLinear(weight, bias)
     assert layer.backend == "int8" and "backend=int8" in repr(layer)
@@ -179,7 +182,7 @@ def test_the_layer_takes_its_backend_for_every_row_count(needs_kernel, monkeypat
     x = torch.randn(3, 96, requires_grad=True)  # a gradient to record: the dequantized chunks, as before
     torch.testing.assert_close(layer(x), x @ weight.dequantize().T + bias)
     backends.use_backend(torch.nn.Sequential(layer), "float")
-    assert layer.backend == "float"
+    assert layer.backend == "float" and not weight.interleaved  # (the file's layout back, for the float kernel)
 
 
 def test_auto_measures_once_and_keeps_the_choice(needs_kernel, monkeypatch, tmp_path):
