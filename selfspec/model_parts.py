@@ -206,7 +206,12 @@ class ModelParts:
         rest = self.run_layers(self.embed(probe[:, 4:], cache), cache, 0, split)
         rest = self.norm(self.run_layers(rest, cache, split, self.num_layers))
         got = torch.cat([first[0], rest[0]])
-        tolerance = 1e-2 if expected.dtype in (torch.float16, torch.bfloat16) else 1e-4
+        from selfspec.kernel.backends import rounds_activations
+
+        # (a layout that misses a step between layers is off by the activations' own size; int8 products can move a
+        # value by an int8 step where two attention kernels round an ulp apart)
+        rounded = expected.dtype in (torch.float16, torch.bfloat16) or rounds_activations(self.decoder)
+        tolerance = 5e-2 if rounds_activations(self.decoder) else 1e-2 if rounded else 1e-4
         scale = expected.abs().max().clamp_min(1.0)
         if got.shape != expected.shape or (got - expected).abs().max() > tolerance * scale:
             raise NotImplementedError(

@@ -130,6 +130,14 @@ def measure_backends(qtype: int, layers: int = 12, shape: tuple[int, int] = (204
     return times
 
 
+def rounds_activations(model: torch.nn.Module) -> bool:
+    """Whether some product of `model` rounds its input to int8 (a kept layer on the int8 backend): there a float32
+    difference of an ulp can move an output by a whole int8 step of its block."""
+    from selfspec.kernel.quantized import QuantizedLinear
+
+    return any(isinstance(m, QuantizedLinear) and m.backend == "int8" for m in model.modules())
+
+
 def use_backend(model: torch.nn.Module, backend: str | None) -> None:
     """Set the backend of every QuantizedLinear of `model` (resolved as the constructor's `backend` argument)."""
     from selfspec.kernel.quantized import QuantizedLinear

@@ -236,7 +236,7 @@ def test_speculation_over_int8_products_is_exact(needs_kernel, int8_model):
     plain = SelfSpecModel(int8_model, drafter="none")
     expected = [plain.generate(p, max_new_tokens=40, eos_token_id=[]).sequences[0] for p in PROMPTS]
     heads = trained_heads(int8_model, greedy_sequences(int8_model, PROMPTS, 40), num_heads=3)
-    for drafter in [dict(drafter="ngram"), dict(heads=heads)]:
+    for drafter in [dict(drafter="ngram"), dict(heads=heads), dict(drafter="early_exit", exit_layer=1)]:
         engine, stats = SelfSpecModel(int8_model, **drafter), []
         for prompt, tokens in zip(PROMPTS, expected):
             out = engine.generate(prompt, max_new_tokens=40, num_draft_tokens=3, eos_token_id=[])
