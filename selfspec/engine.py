@@ -26,8 +26,8 @@ from selfspec.kernel.few_row_linear import FewRowLinears, resolve_draft_dtype, r
 from selfspec.inputs import (
     apply_chat_template, check_id_dtype, check_lengths, check_prompt_form, check_tokenizer, is_chat, unpadded_prompts,
 )
-from selfspec.sampling import SamplingConfig, draw
-from selfspec.seeded import keyed_noise
+from selfspec.sampler import Sampler
+from selfspec.sampling import SamplingConfig
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings, eos_ids
 from selfspec.streaming import TokenStream, feed_streamer
@@ -324,9 +324,10 @@ class SelfSpecModel:
             strings = StopStrings(options.stop_strings, self.tokenizer, prompt.tolist())
         stop = StopCondition(options.max_new_tokens, self._eos_ids(options.eos_token_id), strings)
         # With a seed (or a generator, which gives one seed per call) every draw is keyed by position (seeded.py)
-        generator = keyed_noise(options.seed, options.generator, self.target.vocab_size, self.target.device)
+        sampler = Sampler.for_request(options.sampling, options.seed, options.generator, self.target.vocab_size,
+                                      self.target.device)
         recorder = StatsRecorder(self.drafter_bytes(), self.clock)
-        pieces = self._decode(prompt, options.sampling, policy, generator, stop, recorder)
+        pieces = self._decode(prompt, sampler, policy, stop, recorder)
         return prompt, self.engine_steps(pieces), recorder.stats
 
     def engine_steps(self, pieces):
@@ -349,7 +350,7 @@ class SelfSpecModel:
                                    **pricing)
 
     @torch.inference_mode()
-    def _decode(self, prompt, sampling, policy, generator, stop: StopCondition, recorder: StatsRecorder):
+    def _decode(self, prompt, sampler: Sampler, policy, stop: StopCondition, recorder: StatsRecorder):
         """Prefill, then propose -> verify -> accept -> roll back -> feed back; yields once per target forward the
         tokens it commits (the prefill's first token, then each step's accepted drafts + recovered/bonus token)."""
         target, cache, clock = self.target, self.target.new_cache(), recorder.clock
@@ -359,7 +360,7 @@ class SelfSpecModel:
         recorder.start()
         hidden = target.forward(prompt, cache)  # [T, hidden]; the last row predicts the first new token
         unseen = [hidden]  # [num_new_i, hidden] pieces of final states the drafter has not seen yet, oldest first
-        first, _ = draw(target.logits(hidden[-1:]), sampling, generator, prompt.shape[0])  # [1], as plain decoding
+        first, _ = sampler.draw(target.logits(hidden[-1:]), prompt.shape[0])  # [1], as plain decoding
         next_token, num_tokens = int(first[0]), prompt.shape[0]
         emitted = stop.admit([next_token])
         recorder.prefilled(stop.num_emitted, cache.nbytes())
@@ -369,12 +370,12 @@ class SelfSpecModel:
             recorder.start()
             buffer[num_tokens], num_tokens = next_token, num_tokens + 1  # pending: in the sequence, not the cache
             k = capped_choice(policy, stop.remaining - 1)  # a step emits at most k + 1 tokens
-            draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampling, generator, cache,
+            draft, unseen = self._propose(buffer[:num_tokens], unseen, k, sampler, cache,
                                           probe_asked(policy, k))
             verify_started = clock()
             # The cache ends holding pending + accepted; kept_hidden [num_accepted + 1, hidden] are their final states.
             verdict, accepted, kept_hidden, probe = self._verify_step(
-                policy, draft, buffer, num_tokens, cache, sampling, generator, probe_rng)
+                policy, draft, buffer, num_tokens, cache, sampler, probe_rng)
             verify_seconds = clock() - verify_started
             buffer[num_tokens : num_tokens + verdict.num_accepted] = accepted
             num_tokens += verdict.num_accepted
@@ -395,7 +396,7 @@ class SelfSpecModel:
         if self._verify_cost is not None:
             self._verify_cost.save()
 
-    def _propose(self, token_ids, unseen, num_draft_tokens, sampling, generator, cache,
+    def _propose(self, token_ids, unseen, num_draft_tokens, sampler: Sampler, cache,
                  probe: bool = False) -> tuple[Draft, list]:
         """The drafter's proposal and the states it has still not seen (none once it was asked; at k = 0 it is not
         asked, and they wait for its next proposal: a list, so waiting costs no copying).
@@ -404,30 +405,30 @@ class SelfSpecModel:
             return Draft.empty(token_ids.device), unseen
         hidden_states = torch.cat(unseen) if len(unseen) > 1 else unseen[0]  # [num_new, hidden]
         context = DraftContext(
-            token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampling, generator, self.target, cache,
+            token_ids, hidden_states[-1], hidden_states, num_draft_tokens, sampler, self.target, cache,
             self.tree_size, probe, self.min_node_probability,
         )
         draft = self.drafter.propose(context)
         check_drafts([draft], [context], self.drafter)
         return draft, []
 
-    def _verify_step(self, policy, draft: Draft, buffer, num_tokens: int, cache, sampling, generator, probe_rng):
+    def _verify_step(self, policy, draft: Draft, buffer, num_tokens: int, cache, sampler: Sampler, probe_rng):
         """Verify the draft after the pending token buffer[num_tokens - 1] in one target forward and cut the cache to
         pending + accepted -> (verdict, [num_accepted] accepted tokens, [num_accepted + 1, hidden] their states,
         probe): probe is None, or for a probe scored in shadow (`probe_in_shadow`) whether the verifier would have
         accepted it (the step itself is then plain decoding's)."""
         pending = buffer[num_tokens - 1 : num_tokens]  # [1]
         if probe_in_shadow(policy, draft):  # a probe: plain decoding's step, the probe scored against it
-            return verify_in_shadow(self.target, pending, draft, num_tokens, cache, sampling, generator,
+            return verify_in_shadow(self.target, pending, draft, num_tokens, cache, sampler,
                                     probe_rng.random())
         if draft.parents is None:
-            return *verify_chain(self.target, pending, draft, num_tokens, cache, sampling, generator), None
+            return *verify_chain(self.target, pending, draft, num_tokens, cache, sampler), None
         if not self.tree_size:
             raise ValueError(
                 "the drafter proposed a tree (Draft.parents) but this SelfSpecModel was wrapped without tree_size, so "
                 "the model was not checked for tree drafts: pass tree_size=... to SelfSpecModel"
             )
-        return *verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampling, generator), None
+        return *verify_tree(self.target, pending, draft.tree(), num_tokens, cache, sampler), None
 
     def _observe(self, policy, draft: Draft, depth: int, verdict: Verdict, seconds: float,
                  verify_seconds: float, probe: bool | None = None) -> None:

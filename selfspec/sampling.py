@@ -201,24 +201,6 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return tokens.reshape(probs.shape[:-1])
 
 
-def draw(logits: torch.Tensor, sampling: SamplingConfig, generator, positions=None):
-    """[..., vocab] logits -> ([...] token ids, [..., vocab] probs they were sampled from, or None when greedy or keyed).
-
-    The one place that chooses how a token is drawn: greedy takes `generate`'s argmax and reports point masses (None);
-    sampling warps as `generate` does and samples from `generator` (a torch.Generator or None: draws consumed in
-    order), or with a seed, `generator` is a `PositionNoise` and each row's token is its keyed draw at `positions`
-    (an int, or one per row: the sequence positions the tokens are for; `selfspec/seeded.py`), reported as a point
-    mass. The engine draws its own tokens with it and every drafter draws its drafts with it, so draft and target are
-    always warped alike.
-    """
-    if sampling.greedy:
-        return greedy_tokens(logits), None
-    if isinstance(generator, PositionNoise):
-        return keyed_tokens(logits, sampling, generator, positions).reshape(logits.shape[:-1]), None
-    probs = logits_to_probs(logits, sampling)
-    return sample_from(probs, generator), probs
-
-
 def keyed_tokens(logits: torch.Tensor, sampling: SamplingConfig, noise: PositionNoise, positions,
                  vocab_ids: torch.Tensor | None = None) -> torch.Tensor:
     """[..., N] logits (over `vocab_ids`, or the whole vocabulary) -> [rows] each row's keyed draw at its position

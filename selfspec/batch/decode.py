@@ -44,7 +44,8 @@ from selfspec.drafters.base import Draft, DraftContext, check_drafts
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
 from selfspec.drafters.early_exit_batch import BatchEarlyExitDrafter
 from selfspec.inputs import check_lengths, is_chat
-from selfspec.sampling import SamplingConfig, draw, greedy_tokens
+from selfspec.sampler import Sampler
+from selfspec.sampling import SamplingConfig, greedy_tokens
 from selfspec.seeded import PositionNoise
 from selfspec.stats import GenerationStats, StatsRecorder
 from selfspec.stopping import StopCondition, StopStrings
@@ -77,7 +78,7 @@ class _Row:
     stop: StopCondition
     policy: object  # draft length: choose() / observe(num_drafted, num_accepted, seconds=None)
     drafter: object
-    generator: torch.Generator | None
+    sampler: Sampler  # greedy, keyed by the row's own seed, or rejection sampling on torch's global generator
     recorder: StatsRecorder
     num_tokens: int = 0  # committed ids in buffer (all in the cache)
     next_token: int = 0  # pending: chosen, not yet in the buffer or the cache
@@ -113,11 +114,11 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     for prompt in prompts:
         check_lengths(prompt.shape[0], options.max_new_tokens, target.max_positions)
     drafters, batch_drafter = _row_drafters(spec.drafter, target, len(prompts))
-    generators = _row_generators(options, len(prompts), target.device, target.vocab_size)
+    noises = _row_noises(options, len(prompts), target.device, target.vocab_size)
     clock = _StepClock(spec.clock)
     eos_ids = spec._eos_ids(options.eos_token_id)
     rows = []
-    for index, (prompt, drafter, generator) in enumerate(zip(prompts, drafters, generators)):
+    for index, (prompt, drafter, noise) in enumerate(zip(prompts, drafters, noises)):
         strings = None
         if options.stop_strings is not None:
             strings = StopStrings(options.stop_strings, spec.tokenizer, prompt.tolist())
@@ -125,7 +126,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
         buffer[: prompt.shape[0]] = prompt
         rows.append(_Row(
             index, prompt, buffer, StopCondition(options.max_new_tokens, eos_ids, strings),
-            _row_policy(spec, options), drafter, generator,
+            _row_policy(spec, options), drafter, Sampler(options.sampling, noise=noise),
             StatsRecorder(spec.drafter_bytes(drafter), clock),
         ))
     total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
@@ -148,7 +149,7 @@ def _start_alone(spec, prompt_in, options):
     tokens (row 0 gets the generator a batch would give it), without the ragged cache's work (measured on the
     reference model: a batch of one ran at 0.80x of decoding its prompt alone)."""
     if isinstance(options.generator, (list, tuple)):  # one generator per prompt: this prompt's
-        _row_generators(options, 1, spec.target.device)  # (checks the list)
+        _row_noises(options, 1, spec.target.device)  # (checks the list)
         options = replace(options, generator=options.generator[0])
     prompt, pieces, stats = spec._start(prompt_in, options)
     return [prompt], ([(0, tokens)] if tokens else [] for tokens in pieces), [stats], stats
@@ -235,7 +236,7 @@ def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingCon
     emitted = []
     for r, (row, length) in enumerate(zip(rows, lengths)):
         row.unseen = [hidden[r, :length]]  # the drafter sees every prompt position
-        first, _ = draw(first_logits[r : r + 1], sampling, row.generator, length)  # [1]
+        first, _ = row.sampler.draw(first_logits[r : r + 1], length)  # [1]
         row.next_token, row.num_tokens = int(first[0]), length
         tokens = row.stop.admit([row.next_token])
         if tokens:
@@ -265,7 +266,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     logits = target.logits(verified)  # [sum(k_r + 1), vocab]
     verify_seconds = clock.tick() - verify_started
-    if sampling.greedy or isinstance(rows[0].generator, PositionNoise):  # (every row keyed, or none: _row_generators)
+    if rows[0].sampler.by_equality:  # (every row keyed, or none: _row_noises)
         verdicts, probes, new_tokens = _chain_verdicts(rows, drafts, probe_drafts, logits, sizes, sampling)
     else:
         verdicts, probes, new_tokens = _sampled_verdicts(rows, drafts, probe_drafts, logits.split(sizes), sampling)
@@ -293,7 +294,7 @@ def _chain_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, l
     if sampling.greedy:
         target_tokens = greedy_tokens(logits)  # [sum(k_r + 1)] every place's argmax
     else:  # every place's keyed draw at its row's sequence position (row r's first place decides num_tokens_r)
-        gumbel = torch.stack([row.generator.gumbel(position) for row, size in zip(rows, sizes)
+        gumbel = torch.stack([row.sampler.noise.gumbel(position) for row, size in zip(rows, sizes)
                               for position in range(row.num_tokens, row.num_tokens + size)])  # [sum(k_r + 1), vocab]
         target_tokens = keyed_draws(logits, sampling, gumbel)
     starts = [sum(sizes[:r]) for r in range(len(sizes))]
@@ -321,9 +322,9 @@ def _sampled_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list,
     verdicts, probes, new_tokens = [], [], []
     for row, draft, probe, row_logits in zip(rows, drafts, probe_drafts, target_logits):
         if probe is None:
-            verdict, accepted = verify(draft, row_logits, sampling, row.generator, row.num_tokens), None
+            verdict, accepted = verify(draft, row_logits, row.sampler, row.num_tokens), None
         else:
-            verdict, accepted = score_probe(probe, row_logits, sampling, row.generator, row.probe_rng.random(),
+            verdict, accepted = score_probe(probe, row_logits, row.sampler, row.probe_rng.random(),
                                            row.num_tokens)
         verdicts.append(verdict)
         probes.append(accepted)
@@ -382,8 +383,8 @@ def _context(row: _Row, k: int, sampling: SamplingConfig, target, cache: RaggedC
     proposing row by row (a drafter of one sequence cannot read a ragged cache). probe: `DraftContext.probe`."""
     hidden_states = torch.cat(row.unseen) if len(row.unseen) > 1 else row.unseen[0]  # [num_new, hidden]
     row.unseen = []
-    return DraftContext(row.buffer[: row.num_tokens], hidden_states[-1], hidden_states, k, sampling, row.generator,
-                        target, cache, probe=probe)
+    return DraftContext(row.buffer[: row.num_tokens], hidden_states[-1], hidden_states, k, row.sampler, target, cache,
+                        probe=probe)
 
 
 def _checked(draft: Draft) -> Draft:
@@ -482,7 +483,7 @@ def _row_drafters(drafter, target, num_rows: int) -> tuple[list, BatchDrafter | 
     return [drafter] * num_rows, None
 
 
-def _row_generators(options, num_rows: int, device, vocab_size: int = 0) -> list:
+def _row_noises(options, num_rows: int, device, vocab_size: int = 0) -> list:
     """Each row's keyed noise (`seeded.py`): seed s gives row i the noise of seed s + i, so row i samples as decoding
     it alone with seed s + i; a list of generators gives each row one seed drawn from its own, one generator gives
     one seed s drawn from it, and row i then gets s + i; without either, None (torch's global generator)."""

@@ -16,12 +16,13 @@ import torch
 from heads.checkpoint import lm_head_shape
 from heads.draft_vocab import full_vocab_probs
 from selfspec.inputs import holds_integers
-from selfspec.sampling import SamplingConfig, draw, keyed_scores, keyed_tokens, logits_to_probs, top_probability
+from selfspec.sampling import SamplingConfig, top_probability
 from selfspec.seeded import PositionNoise
 from selfspec.tree.draft_tree import DraftTree
 
 if TYPE_CHECKING:
     from selfspec.cache import KVCache
+    from selfspec.sampler import Sampler
     from selfspec.target import TargetModel
 
 
@@ -34,11 +35,9 @@ class DraftContext:
     # the position that predicts token index len(token_ids) - num_new + i, so the last row equals hidden_state.
     hidden_states: torch.Tensor
     num_draft_tokens: int  # the most tokens this step may propose (a drafter may propose fewer, even none)
-    sampling: SamplingConfig
-    # Sampling's randomness: a torch.Generator (or None: torch's global one) whose draws are consumed in order, or with
-    # a seed a `PositionNoise`, whose draw for sequence position n is keyed by (seed, n) (`selfspec/seeded.py`);
-    # drafters pass it on through `draw_draft` / `top_draft_tokens` with each draft's depth.
-    generator: "torch.Generator | PositionNoise | None"
+    # How the request's tokens are drawn (`selfspec/sampler.py`: greedy, keyed by a seed, or rejection sampling);
+    # drafters draw through it with `draw_draft` / `top_draft_tokens`, giving each draft's depth.
+    sampler: "Sampler"
     target: "TargetModel"  # the shared model, for drafters that run part of it (early exit)
     cache: "KVCache"  # the shared cache; holds token_ids[:-1]
     # Node budget for a tree of draft tokens (`Draft.parents`); 0 = propose a chain. Drafters that cannot build trees
@@ -51,6 +50,16 @@ class DraftContext:
     # A tree keeps only nodes whose cumulative draft probability (the product along their path) exceeds this; 0 = the
     # `tree_size` most probable nodes, whatever their probability (`tree_forward.resolve_min_node_probability`).
     min_node_probability: float = 0.0
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The sampling settings (temperature, top-k, top-p; greedy or not)."""
+        return self.sampler.config
+
+    @property
+    def generator(self) -> "torch.Generator | PositionNoise | None":
+        """The randomness as drafters written before `Sampler` read it: the keyed noise (a seed), else the generator."""
+        return self.sampler.noise if self.sampler.noise is not None else self.sampler.generator
 
 
 @dataclass(frozen=True)
@@ -190,16 +199,12 @@ def draw_draft(logits: torch.Tensor, context: DraftContext, draft_vocab: torch.T
     model's vocabulary, [..., vocab] draft_probs with zeros outside the draft vocabulary, or None when greedy).
     depth: how far past the pending token the drafts are (an int, or one per row; `draft_positions`).
 
-    Drafts are drawn by `sampling.draw`, warped as the target is; a draft vocabulary only narrows where draft mass
+    Drafts are drawn by `Sampler.draw_draft`, warped as the target is; a draft vocabulary only narrows where draft mass
     may sit, and the verifier returns the target's mass elsewhere through the residual. With a seed, a draft is the
     keyed draw of its position over the draft's logits (the same noise the target's draw there uses, restricted to
     the draft vocabulary), which the keyed verifier accepts when it equals the target's; draft_probs are still the
     law it was drawn from (Gumbel-max samples it), which confidence stops read."""
-    if isinstance(context.generator, PositionNoise) and not context.sampling.greedy:
-        tokens = keyed_tokens(logits, context.sampling, context.generator, draft_positions(context, depth), draft_vocab)
-        tokens, probs = tokens.reshape(logits.shape[:-1]), logits_to_probs(logits, context.sampling)
-    else:
-        tokens, probs = draw(logits, context.sampling, context.generator)
+    tokens, probs = context.sampler.draw_draft(logits, draft_positions(context, depth), draft_vocab)
     if draft_vocab is None:
         return tokens, probs
     tokens = draft_vocab[tokens]
@@ -235,14 +240,7 @@ def top_draft_tokens(logits: torch.Tensor, context: DraftContext, k: int, draft_
     may emit; with a seed, by the softmax of the warped logits plus the keyed noise of the children's position
     (`depth` as in `draw_draft`), whose first child is the draft's keyed draw. Any ranking keeps verification exact,
     because DISTINCT children need no draft_probs."""
-    if context.sampling.greedy:
-        probs = logits.float().softmax(dim=-1)
-    elif isinstance(context.generator, PositionNoise):
-        positions = draft_positions(context, depth)
-        probs = keyed_scores(logits, context.sampling, context.generator, positions, draft_vocab)
-        probs = probs.reshape(logits.shape).to(torch.promote_types(logits.dtype, torch.float32))
-    else:
-        probs = logits_to_probs(logits, context.sampling)
+    probs = context.sampler.rank(logits, draft_positions(context, depth), draft_vocab)
     top = probs.topk(min(k, probs.shape[-1]), dim=-1)  # [..., k'] sorted, most probable first
     tokens = top.indices if draft_vocab is None else draft_vocab[top.indices]
     return tokens, top.values.log()

@@ -6,7 +6,7 @@ chain of 2 drafts, then whatever is left) has at most 256 outcomes and is comput
 import pytest
 import torch
 
-import selfspec.verify_step
+import selfspec.sampler
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig
 from selfspec.verifier import Verdict, verify_sampled
@@ -84,7 +84,7 @@ def accept_always(draft_tokens, draft_probs, target_probs, generator=None):
 def test_the_same_test_fails_for_a_planted_verifier_bug(monkeypatch, bug):
     model = sharp_model()
     spec = SelfSpecModel(model, heads=randomized_heads(model))
-    monkeypatch.setattr(selfspec.verify_step, "verify_sampled", bug)
+    monkeypatch.setattr(selfspec.sampler, "verify_sampled", bug)
     sampling = SAMPLINGS["t1"]
     law = exact_continuation_law(model, PROMPT, NUM_NEW, sampling)
     assert law_pvalue(engine_samples(spec, sampling, exercised=False)[0], law) < 1e-6

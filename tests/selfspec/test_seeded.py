@@ -8,7 +8,7 @@ import torch
 
 import selfspec.sampling
 import selfspec.seeded
-import selfspec.verify_step
+import selfspec.sampler
 from selfspec import SelfSpecModel
 from selfspec.sampling import SamplingConfig, keyed_tokens, logits_to_probs
 from selfspec.seeded import PositionNoise, keyed_noise
@@ -187,7 +187,7 @@ def accept_all(draft_tokens, target_logits, sampling, noise, first_position):
 
 
 def test_the_identity_test_catches_a_verifier_that_accepts_every_draft(monkeypatch):
-    monkeypatch.setattr(selfspec.verify_step, "verify_keyed", accept_all)
+    monkeypatch.setattr(selfspec.sampler, "verify_keyed", accept_all)
     with pytest.raises(AssertionError):
         assert_seeded_tokens_equal_speculation_off("eagle chain", 3)
 
@@ -214,7 +214,7 @@ def test_seeded_samples_over_many_seeds_follow_the_model_law(kind, name):
 
 
 def test_the_seeded_law_test_catches_a_verifier_that_accepts_every_draft(monkeypatch):
-    monkeypatch.setattr(selfspec.verify_step, "verify_keyed", accept_all)
+    monkeypatch.setattr(selfspec.sampler, "verify_keyed", accept_all)
     model, spec = law_engine("medusa chain")
     sampling = WARPINGS["t0.8"]
     law = exact_continuation_law(model, PROMPT, 4, sampling)

@@ -9,6 +9,7 @@ from heads import MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.batch.decode import is_prompt_batch
 from selfspec.drafters.base import Draft, DraftContext
+from selfspec.sampler import Sampler
 from selfspec.sampling import SamplingConfig
 from tests.selfspec.scripted_time import scripted_batch_clock
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -177,7 +178,7 @@ def test_medusa_greedy_rows_at_once_equal_each_rows_own_draft():
     generator = torch.Generator().manual_seed(3)
     hidden = torch.randn(6, spec.model.config.hidden_size, dtype=spec.model.dtype, generator=generator)
     ks = [4, 3, 0, 4, 2, 1]
-    contexts = [DraftContext(torch.tensor([1, 2]), h, h[None], k, SamplingConfig(), None, target, None)
+    contexts = [DraftContext(torch.tensor([1, 2]), h, h[None], k, Sampler(SamplingConfig()), target, None)
                 for h, k in zip(hidden, ks)]
     with torch.no_grad():
         logits = drafter.heads(hidden, target.logits, max(ks))  # [rows, heads, vocab], as propose_rows runs them

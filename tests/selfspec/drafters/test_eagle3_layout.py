@@ -10,6 +10,7 @@ from heads.eagle import EagleHead
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import DraftContext
 from selfspec.drafters.eagle import EagleDrafter
+from selfspec.sampler import Sampler
 from selfspec.sampling import SamplingConfig
 from selfspec.target import TargetModel
 from tests.conftest import random_prompt
@@ -49,7 +50,8 @@ def test_draft_probs_are_zero_outside_the_draft_vocabulary_and_full_is_refused(m
         hidden = target.forward(tokens[:-1], cache)  # [7, 3H] the committed positions; the last token is pending
     sampling = SamplingConfig(do_sample=True, temperature=0.9)
     context = DraftContext(token_ids=tokens, hidden_state=hidden[-1], hidden_states=hidden, num_draft_tokens=3,
-                           sampling=sampling, generator=torch.Generator().manual_seed(0), target=target, cache=cache)
+                           sampler=Sampler(sampling, generator=torch.Generator().manual_seed(0)), target=target,
+                           cache=cache)
     with torch.no_grad():  # as the engine drafts
         draft = drafter.propose(context)
     assert draft.num_draft_tokens == 3 and torch.isin(draft.tokens, head.draft_vocab).all()

@@ -12,7 +12,8 @@ from selfspec import SelfSpecModel
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.drafters.eagle import EagleDrafter
 from selfspec.drafters.eagle_batch import BatchEagleDrafter
-from selfspec.sampling import SamplingConfig, draw
+from selfspec.sampler import Sampler
+from selfspec.sampling import SamplingConfig
 from selfspec.target import TargetModel
 from selfspec.verify_step import verify_chain
 from tests.conftest import random_prompt, repetitive_prompt, tiny_model
@@ -54,7 +55,8 @@ class _Row:
 
 def context(token_ids, unseen, k, sampling, generator, target):
     hidden_states = torch.cat(unseen)
-    return DraftContext(token_ids, hidden_states[-1], hidden_states, k, sampling, generator, target, None)
+    return DraftContext(token_ids, hidden_states[-1], hidden_states, k, Sampler(sampling, generator=generator), target,
+                        None)
 
 
 @torch.no_grad()
@@ -71,7 +73,7 @@ def drive(model, head, sampling, num_steps, draft_length, leave=None, min_draft_
         cache = target.new_cache()
         hidden = target.forward(prompt, cache)  # [T, hidden]
         engine_generator = torch.Generator().manual_seed(1000 + index)
-        first, _ = draw(target.logits(hidden[-1:]), sampling, engine_generator)
+        first, _ = Sampler(sampling, generator=engine_generator).draw(target.logits(hidden[-1:]))
         rows.append(_Row(index, cache, prompt, int(first[0]), [hidden], [hidden], torch.Generator().manual_seed(index),
                          torch.Generator().manual_seed(index), engine_generator))
     live = list(rows)
@@ -100,7 +102,7 @@ def drive(model, head, sampling, num_steps, draft_length, leave=None, min_draft_
                 torch.testing.assert_close(batch_draft.probs, draft.probs, rtol=1e-12, atol=1e-12)
             num_tokens = ctx.token_ids.shape[0]
             verdict, accepted, kept_hidden = verify_chain(target, ctx.token_ids[-1:], draft, num_tokens, row.cache,
-                                                          sampling, row.engine_generator)
+                                                          Sampler(sampling, generator=row.engine_generator))
             row.token_ids = torch.cat([ctx.token_ids, accepted])
             row.pending = verdict.next_token
             row.alone_unseen.append(kept_hidden)

@@ -9,12 +9,13 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-import selfspec.verify_step
+import selfspec.sampler
 from heads import EagleHead, MedusaHeads
 from selfspec import SelfSpecModel
 from selfspec.cache_layer import SPARE_COLUMNS
 from selfspec.drafters.base import Draft, DraftContext
 from selfspec.tree.forward import resolve_min_node_probability, resolve_tree_size
+from selfspec.sampler import Sampler
 from selfspec.sampling import SamplingConfig
 from selfspec.tree.verifier import try_sampled_child, walk_tree
 from tests.conftest import random_prompt, tiny_model
@@ -32,7 +33,7 @@ class TreeSpy:
     def __init__(self, monkeypatch):
         self.steps = []
         for name in ("verify_tree_greedy", "verify_tree_sampled"):
-            monkeypatch.setattr(selfspec.verify_step, name, self._recording(getattr(selfspec.verify_step, name)))
+            monkeypatch.setattr(selfspec.sampler, name, self._recording(getattr(selfspec.sampler, name)))
 
     def _recording(self, verify):
         def spy(tree, *args):
@@ -136,7 +137,7 @@ def first_tree_context(spec, seed: int, num_draft_tokens: int) -> DraftContext:
     target, prompt = spec.target, random_prompt(8, seed=seed)[0]
     hidden = target.forward(prompt, target.new_cache())  # [T, hidden]
     tokens = torch.cat([prompt, target.logits(hidden[-1:]).argmax(-1)])  # the prompt + the pending token
-    return DraftContext(tokens, hidden[-1], hidden, num_draft_tokens, SamplingConfig(), None, target,
+    return DraftContext(tokens, hidden[-1], hidden, num_draft_tokens, Sampler(SamplingConfig()), target,
                         target.new_cache(), tree_size=spec.tree_size)
 
 
@@ -282,7 +283,7 @@ def test_the_tree_law_test_catches_a_verifier_that_skips_renormalising(monkeypat
     def skip_renormalising(tree, target_probs, generator=None):
         return walk_tree(tree, target_probs, generator, distinct_no_renormalise, try_sampled_child)
 
-    monkeypatch.setattr(selfspec.verify_step, "verify_tree_sampled", skip_renormalising)
+    monkeypatch.setattr(selfspec.sampler, "verify_tree_sampled", skip_renormalising)
     # Twice the samples of the law test: the bias is small (p ~ 3e-6 at 1,500 samples with one random stream), and
     # the catch must not hang on the stream's luck.
     samples, stats = tree_law_samples(spec, 2 * NUM_SAMPLES)
