@@ -37,8 +37,12 @@ def _acceptance(values) -> str:
 
 
 def _identical(record) -> str:
-    same = record.get("identical")
-    return "" if same is None else f"{same[0]}/{same[1]}"
+    same, agreeing = record.get("identical"), record.get("agreeing_tokens")
+    if same is None:
+        return ""
+    if same[0] == same[1] or not agreeing or not agreeing[1]:
+        return f"{same[0]}/{same[1]}"
+    return f"{same[0]}/{same[1]} ({100 * agreeing[0] / agreeing[1]:.0f}% of tokens)"
 
 
 # The table's columns per kind of mode: one column group per mode that ran, in the order the modes ran; a method
@@ -118,7 +122,8 @@ def _caption(report: dict) -> str:
         f"order per round, prompt and mode. Tokens/s include the prefill for every row{llama} (wall clock around each "
         f"whole call). Speedups are ratios to `generate` or to selfspec with speculation off in the same round and mode, "
         f"medians over rounds (min-max in brackets); tokens/forward: new tokens per target forward; identical: runs "
-        f"whose tokens equal the baseline's on the same prompt and round. {how}\"default\": the drafter's default "
+        f"whose tokens equal the baseline's on the same prompt and round (where some differ: the share of all tokens before "
+        f"each run's first difference). {how}\"default\": the drafter's default "
         f"settings (num_draft_tokens included). {report['seconds']:.0f} s in all."
     )
 

@@ -68,6 +68,8 @@ def summarize(entries: list[Entry], order: list[str], baselines: dict[str, str],
             expected = {(e.round, e.prompt): e.run.token_ids for e in groups.get((reference, mode), [])}
             pairs = [(e.run.token_ids, expected[(e.round, e.prompt)]) for e in group if (e.round, e.prompt) in expected]
             record["identical"] = [sum(a == b for a, b in pairs), len(pairs)] if pairs else None
+            # tokens before each run's first difference from the reference's, of the reference's tokens
+            record["agreeing_tokens"] = [sum(_common_prefix(a, b) for a, b in pairs), sum(len(b) for _, b in pairs)]
             record["identical_to"] = reference
         records.append(record)
     modes = list(dict.fromkeys(e.mode.name for e in entries))
@@ -108,6 +110,7 @@ def _record(group: list[Entry], base_parameters: int) -> dict:
         "keyed": mode.keyed,
         "title": mode.title or mode.name,
         "identical": None,  # [runs whose tokens equal `identical_to`'s, runs compared]
+        "agreeing_tokens": None,  # [tokens before each run's first difference from `identical_to`'s, of its tokens]
         "identical_to": None,
     }
 
@@ -120,3 +123,9 @@ def _median(values) -> float | None:
 def _range(values) -> list[float] | None:
     values = list(values)
     return [min(values), max(values)] if values else None
+
+
+def _common_prefix(a, b) -> int:
+    """How many leading tokens two runs share."""
+    a, b = list(a), list(b)
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))

@@ -1,4 +1,5 @@
-"""The quantized products as a registered torch op, `torch.ops.selfspec.quantized_linear`, so that a compiled forward
+"""The quantized products (and an embedding's row lookup) as registered torch ops, `torch.ops.selfspec.quantized_linear`
+(`quantized_rows`), so that a compiled forward
 (`torch.compile(..., fullgraph=True)`) holds each product as one opaque call instead of breaking its graph at the
 kernel's ctypes call. `QuantizedLinear.forward` takes it only while torch compiles: in eager forwards a registered
 op's dispatch costs several microseconds a call (SmolLM2 makes 211 products a token), so they call the kernel directly.
@@ -23,3 +24,19 @@ def quantized_linear(x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_featu
 @quantized_linear.register_fake
 def _(x, blocks, qtype, in_features, interleaved):
     return x.new_empty((*x.shape[:-1], blocks.shape[0]))
+
+
+@torch.library.custom_op("selfspec::quantized_rows", mutates_args=())
+def quantized_rows(ids: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int,
+                   interleaved: bool) -> torch.Tensor:
+    """[*ids.shape, in_features] float32: the dequantized rows `ids` of the GGUF blocks (an embedding's lookup)."""
+    from selfspec.kernel.quantized import QuantizedWeight
+
+    weight = QuantizedWeight(blocks, qtype, in_features)
+    weight.interleaved = interleaved
+    return weight.rows(ids.reshape(-1)).view(*ids.shape, in_features)
+
+
+@quantized_rows.register_fake
+def _(ids, blocks, qtype, in_features, interleaved):
+    return torch.empty((*ids.shape, in_features), dtype=torch.float32, device=blocks.device)

@@ -257,6 +257,11 @@ class QuantizedEmbedding(torch.nn.Module):
         return self._weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # (one opaque op in the graph: kernel/ops.py)
+            from selfspec.kernel.ops import quantized_rows
+
+            weight = self._weight
+            return quantized_rows(ids, self.blocks, weight.qtype, self.embedding_dim, weight.interleaved)
         rows = self._weight.rows(ids.reshape(-1))
         return rows.view(*ids.shape, self.embedding_dim)
 

@@ -130,6 +130,10 @@ def test_summary_medians_ratios_identity_and_acceptance_on_scripted_runs():
     assert fast_record["tokens_per_forward"] == pytest.approx(2.0)
     assert fast_record["identical"] == [5, 6] and by_name["off"]["identical"] == [6, 6]
     assert fast_record["identical_to"] == "generate"
+    assert fast_record["agreeing_tokens"] == [15, 18]  # the differing run agrees on none of its 3 tokens
+    from selfspec.bench.report import _identical
+
+    assert _identical(fast_record) == "5/6 (83% of tokens)" and _identical(by_name["off"]) == "6/6"
     assert fast_record["acceptance_by_position"] == pytest.approx([1.0, 0.5, 0.0])
     assert fast_record["acceptance"] == pytest.approx(6 / 10)
     assert fast_record["drafted_by_position"] == [24, 24, 12] and fast_record["runs"] == 6
