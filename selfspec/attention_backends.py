@@ -15,6 +15,12 @@ Measured on an Intel Xeon with AVX-512 (SmolLM2: 9 query heads on 3 key/value he
 held-out prompts, 96 tokens): the chain 1.47x -> 1.51x of `generate`,
 a tree of 10 nodes 1.64x -> 1.75x, every run identical to `generate`. Every other call goes to the function it replaced.
 
+CPU, products that round activations to int8 (`kernel/int8.py`): every forward after a prompt's prefill goes through
+the kernel's attention in one fixed order (`kernel/attention.py`), whose result for a query does not depend on the
+other queries beside it, so a verify forward, a batch's rows and a decode give each query the same bits and int8
+rounding cannot turn PyTorch's ulp differences into different tokens. A prefill (`prompt_attention`) stays PyTorch's:
+one prompt per forward, the same call whatever decodes it afterwards.
+
 Both apply per resumption of the engine's decode generators, so the caller's code between two steps runs under its
 own settings and its own attention functions. `additive_mask` gives every custom 4D mask (a tree's, a batch's, the
 EAGLE head's) the form both attention paths take.
@@ -22,6 +28,7 @@ EAGLE head's) the form both attention paths take.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 from collections.abc import Callable, Iterator
 
@@ -44,10 +51,50 @@ def additive_mask(attended: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return mask.masked_fill_(~attended, torch.finfo(dtype).min)
 
 
-def engine_attention(steps: Iterator, device) -> Iterator:
-    """Yield what `steps` yields, each resumption with the engine's attention paths for `device` (see the module)."""
-    context = _ROUTE_CONTEXTS.get(attention_route(device))
+def engine_attention(steps: Iterator, device, ordered: bool = False) -> Iterator:
+    """Yield what `steps` yields, each resumption with the engine's attention paths for `device` (see the module);
+    ordered: the model's products round activations, so decode and verify forwards take the ordered attention."""
+    route = attention_route(device)
+    context = ordered_in_kernel if ordered and route == "grouped kv in kernel" else _ROUTE_CONTEXTS.get(route)
     return steps if context is None else each_resumption(steps, context)
+
+
+# Whether this thread's forwards take the ordered attention now (inside an ordered engine's resumption, not a prefill)
+_ORDERED = contextvars.ContextVar("selfspec_ordered_attention", default=False)
+
+
+def engine_attention_context(model) -> contextlib.AbstractContextManager:
+    """For a check run outside the decode loop: the attention the engine's forwards of `model` take (ordered where its
+    products round activations to int8), so the check sees what decoding will compute."""
+    from selfspec.kernel.backends import rounds_activations
+
+    return ordered_in_kernel() if rounds_activations(model) else contextlib.nullcontext()
+
+
+def ordered_now() -> bool:
+    """Whether this thread's forwards take the ordered attention now."""
+    return _ORDERED.get()
+
+
+@contextlib.contextmanager
+def ordered_in_kernel():
+    """`grouped_kv_in_kernel`, and forwards inside take the kernel's ordered attention where it applies."""
+    token = _ORDERED.set(True)
+    try:
+        with grouped_kv_in_kernel():
+            yield
+    finally:
+        _ORDERED.reset(token)
+
+
+@contextlib.contextmanager
+def prompt_attention():
+    """A prompt's prefill inside: PyTorch's attention (one prompt per forward, whatever decodes it afterwards)."""
+    token = _ORDERED.set(False)
+    try:
+        yield
+    finally:
+        _ORDERED.reset(token)
 
 
 def attention_route(device) -> str:
@@ -97,6 +144,12 @@ def grouped_kv_in_kernel():
 
 
 def _grouped_kv_over_transformers(*args, **kwargs):
+    if _ORDERED.get():
+        from selfspec.kernel.attention import ordered_sdpa
+
+        result = ordered_sdpa(*args, **kwargs)
+        if result is not None:
+            return result
     return grouped_kv_sdpa(sdpa_attention_forward, *args, **kwargs)
 
 

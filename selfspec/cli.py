@@ -241,9 +241,13 @@ def _add_serve(commands) -> None:
     http.add_argument("--model-name", metavar="NAME",
                       help="the model's name in the API (/v1/models, requests' \"model\"); default: MODEL as given")
     http.add_argument("--max-queue", type=_int_at_least(0), default=defaults.max_queue, metavar="N",
-                      help="requests that may wait behind the one decoding; more get 429 with Retry-After; default: "
-                      "%(default)s (a small model on a CPU takes seconds per answer: a longer queue only turns a "
-                      "quick 429 into a client's timeout)")
+                      help="requests that may wait beyond the batch's free rows; more get 429 with Retry-After; "
+                      "default: %(default)s (a small model on a CPU takes seconds per answer: a longer queue only "
+                      "turns a quick 429 into a client's timeout)")
+    http.add_argument("--max-batch", type=_int_at_least(1), default=defaults.max_batch, metavar="N",
+                      help="requests decoded together in one continuous batch (they join and leave between steps; "
+                      "those with other sampling settings wait for the batch to drain); 1: one at a time; default: "
+                      "%(default)s")
     http.add_argument("--max-body-bytes", type=_int_at_least(1), default=defaults.max_body_bytes, metavar="N",
                       help="largest request body (413 beyond); default: %(default)s, 1 MiB, more than any supported "
                       "context window of text")
@@ -482,7 +486,7 @@ def _serve(args) -> int:
         model_name=args.model_name or args.model, host=args.host, port=args.port,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None, max_queue=args.max_queue,
         max_body_bytes=args.max_body_bytes, shutdown_grace_s=args.shutdown_grace,
-        num_draft_tokens=args.num_draft_tokens,
+        num_draft_tokens=args.num_draft_tokens, max_batch=args.max_batch,
     )
     if config.api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
         print(f"selfspec: warning: serving on {args.host} without an API key: anyone who can reach it may use it "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.attention_backends import engine_attention
+from selfspec.attention_backends import engine_attention, prompt_attention
 from selfspec.draft_length.batch import MeasuredRates
 from selfspec.draft_length.policy import (
     MAX_DRAFT_TOKENS, AdaptiveDraftLength, StepOverhead, capped_choice, draft_length_policy, probe_asked,
@@ -22,6 +22,7 @@ from selfspec.draft_length.policy import (
 )
 from selfspec.drafters import CALL_ARGUMENTS, drafter_modules, drafter_parameter_bytes, drafters_taking, make_drafter
 from selfspec.drafters.base import Draft, DraftContext, Drafter, check_drafts
+from selfspec.kernel.backends import rounds_activations
 from selfspec.kernel.few_row_linear import FewRowLinears, resolve_draft_dtype, resolve_few_row_kernel
 from selfspec.inputs import (
     apply_chat_template, check_id_dtype, check_lengths, check_prompt_form, check_tokenizer, is_chat, unpadded_prompts,
@@ -147,6 +148,12 @@ class SelfSpecModel:
         # a node of a tree must be at least this probable under the drafter (`DraftContext.min_node_probability`)
         self.min_node_probability = (resolve_min_node_probability(tree_size, self.target.device, self.few_row_kernel)
                                      if self.tree_size else 0.0)
+
+    @property
+    def ordered_attention(self) -> bool:
+        """Whether decode and verify forwards take the kernel's attention in one fixed order: where the model's products
+        round activations to int8 (`attention_backends.py`), so that drafting stays exact over them."""
+        return rounds_activations(self.model)
 
     @property
     def heads(self):
@@ -336,7 +343,7 @@ class SelfSpecModel:
         enabled (the caller's code between steps sees none of them)."""
         if self.few_row_linears is not None:
             pieces = self.few_row_linears.routing(pieces)
-        return engine_attention(pieces, self.target.device)
+        return engine_attention(pieces, self.target.device, ordered=self.ordered_attention)
 
     def _draft_length_policy(self, options: DecodeOptions, learn_step_cost: bool = True):
         """One sequence's draft-length policy (batches build one per row here too). It may plan from timings whatever
@@ -358,7 +365,8 @@ class SelfSpecModel:
         buffer[: prompt.shape[0]] = prompt
         probe_rng = random.Random(0)  # scores sampled probes in shadow; never the user's generator
         recorder.start()
-        hidden = target.forward(prompt, cache)  # [T, hidden]; the last row predicts the first new token
+        with prompt_attention():
+            hidden = target.forward(prompt, cache)  # [T, hidden]; the last row predicts the first new token
         unseen = [hidden]  # [num_new_i, hidden] pieces of final states the drafter has not seen yet, oldest first
         first, _ = sampler.draw(target.logits(hidden[-1:]), prompt.shape[0])  # [1], as plain decoding
         next_token, num_tokens = int(first[0]), prompt.shape[0]

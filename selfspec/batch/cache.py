@@ -8,7 +8,7 @@ row's committed prefix and to its own block entries 0..i, nothing else, and `blo
 lengths[r] + i, so each row computes exactly what it would alone. `commit` then moves each row's kept block entries
 (the first kept[r]) down to [lengths[r], lengths[r] + kept[r]) and crops the cache to the new widest row: rejected
 drafts and stale tails never grow memory. `rollback` cuts rows back to shorter lengths (a drafter that committed
-entries on its own guesses); `select` drops finished rows. Knows nothing about drafts, sampling or the model's outputs.
+entries on its own guesses); `select` drops finished rows; `join` appends rows (a server's new requests). Knows nothing about drafts, sampling or the model's outputs.
 """
 from __future__ import annotations
 
@@ -33,6 +33,15 @@ class RaggedCache:
             )
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B] committed entries per row
         self.width = 0  # columns after the last commit or select: max(lengths); a forward's block starts here
+
+    @classmethod
+    def holding(cls, model, hf_cache, length: int) -> "RaggedCache":
+        """One row whose `length` entries a single sequence's cache (`KVCache.hf_cache`) holds, taken over as they are."""
+        cache = cls(model, 1, hf_cache.layers[0].keys.device if hf_cache.layers[0].is_initialized else "cpu")
+        cache.hf_cache = hf_cache
+        cache.lengths = torch.tensor([length], dtype=torch.long, device=cache.lengths.device)
+        cache.width = length
+        return cache
 
     @property
     def batch_size(self) -> int:
@@ -91,6 +100,33 @@ class RaggedCache:
         self.lengths = self.lengths[rows]
         if self.batch_size:
             self._crop(int(self.lengths.max()))
+
+    def join(self, other: "RaggedCache") -> None:
+        """Append `other`'s rows after these (rows joining a running batch: their prompts prefilled in `other`, or
+        empty rows with nothing committed), each keeping its committed entries; columns past a row's length are zeros
+        its queries never see. The layers then hold new tensors (an append-in-place layer reallocates at its next
+        block)."""
+        for mine, theirs in zip(self.hf_cache.layers, other.hf_cache.layers):
+            held = [layer for layer in (mine, theirs) if layer.is_initialized and layer.keys is not None
+                    and layer.keys.numel()]
+            if not held:
+                continue  # (no entries on either side yet: the next forward starts the layer for every row)
+            width = max(layer.keys.shape[-2] for layer in held)
+            like = held[0].keys
+
+            def rows_of(layer, count: int, attribute: str) -> torch.Tensor:
+                if layer in held:
+                    tensor = getattr(layer, attribute)
+                    return torch.nn.functional.pad(tensor, (0, 0, 0, width - tensor.shape[-2]))
+                return like.new_zeros((count, like.shape[1], width, like.shape[-1]))
+            keys = torch.cat([rows_of(mine, self.batch_size, "keys"), rows_of(theirs, other.batch_size, "keys")])
+            values = torch.cat([rows_of(mine, self.batch_size, "values"),
+                                rows_of(theirs, other.batch_size, "values")])
+            if not mine.is_initialized:
+                mine.lazy_initialization(keys, values)
+            mine.keys, mine.values = keys, values
+        self.lengths = torch.cat([self.lengths, other.lengths.to(self.lengths.device)])
+        self._crop(int(self.lengths.max()) if self.batch_size else 0)
 
     def nbytes(self) -> int:
         """Bytes of storage the cache's tensors hold (what commit must keep bounded)."""

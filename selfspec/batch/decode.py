@@ -36,7 +36,9 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch.nn.utils.rnn import pad_sequence
 
+from selfspec.attention_backends import ordered_now, prompt_attention
 from selfspec.batch.cache import RaggedCache
+from selfspec.cache import KVCache
 from selfspec.draft_length.batch import BatchDraftLength
 from selfspec.batch.output import BatchGenerateOutput, BatchTokenStream, total_stats
 from selfspec.draft_length.policy import capped_choice, probe_asked, probe_in_shadow
@@ -116,19 +118,8 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     drafters, batch_drafter = _row_drafters(spec.drafter, target, len(prompts))
     noises = _row_noises(options, len(prompts), target.device, target.vocab_size)
     clock = _StepClock(spec.clock)
-    eos_ids = spec._eos_ids(options.eos_token_id)
-    rows = []
-    for index, (prompt, drafter, noise) in enumerate(zip(prompts, drafters, noises)):
-        strings = None
-        if options.stop_strings is not None:
-            strings = StopStrings(options.stop_strings, spec.tokenizer, prompt.tolist())
-        buffer = prompt.new_empty(prompt.shape[0] + options.max_new_tokens)
-        buffer[: prompt.shape[0]] = prompt
-        rows.append(_Row(
-            index, prompt, buffer, StopCondition(options.max_new_tokens, eos_ids, strings),
-            _row_policy(spec, options), drafter, Sampler(options.sampling, noise=noise),
-            StatsRecorder(spec.drafter_bytes(drafter), clock),
-        ))
+    rows = [_new_row(spec, index, prompt, options, drafter, noise, clock)
+            for index, (prompt, drafter, noise) in enumerate(zip(prompts, drafters, noises))]
     total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
     pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
     return prompts, spec.engine_steps(pieces), [row.recorder.stats for row in rows], total
@@ -177,22 +168,35 @@ def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
 
 @torch.inference_mode()
 def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats,
-                  planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None):
+                  planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None, admit=None):
     """Prefill every row, then steps of propose -> one verify forward -> every row's verdict -> commit -> feed back,
     until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row that
     committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width (None:
-    each row's policy). batch_drafter: proposes for all rows at once (None: each row's drafter proposes)."""
-    all_rows, cache = rows, RaggedCache(target.model, len(rows), target.device)
+    each row's policy). batch_drafter: proposes for all rows at once (None: each row's drafter proposes).
+    admit: None, or called before every step for rows that join (new `_Row`s; `joining.py`): their prompts are
+    prefilled in a forward of their own (yielded as one), then they step with the others. A row whose stop condition
+    is done when a step starts (someone ended it between steps) leaves without stepping."""
+    all_rows = rows
     started = clock.tick()
     for row in rows:
         row.recorder.start()
-    emitted = _prefill(target, cache, rows, sampling)
+    cache, emitted = _prefill(target, rows, sampling)
     rows = _drop_finished(rows, cache, batch_drafter)
     prefill_seconds, decode_seconds, forwards, peak = clock.tick() - started, 0.0, 1, cache.nbytes()
     for row in all_rows:
         row.recorder.prefilled(row.stop.num_emitted, peak // len(all_rows))
     yield emitted
     while rows:
+        joining = admit() if admit is not None else []
+        if joining:
+            emitted = _join(target, cache, joining, sampling, clock, batch_drafter)
+            rows, all_rows = rows + joining, all_rows + joining
+            rows = _drop_finished(rows, cache, batch_drafter)
+            forwards, peak = forwards + 1, max(peak, cache.nbytes())
+            yield emitted
+        rows = _drop_finished(rows, cache, batch_drafter)  # (rows ended between steps)
+        if not rows:
+            break
         started = clock.tick()
         for row in rows:
             row.recorder.start()
@@ -224,23 +228,67 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         planner.cost_curve.save()  # for the next batch's planner, in this process and in later ones
 
 
-def _prefill(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig) -> list[tuple[int, list[int]]]:
-    """All prompts in one forward (right-padded; the cache's mask keeps each row to its own prompt), then each row's
-    first token, drawn as plain decoding draws it."""
+def _new_row(spec, index: int, prompt: torch.Tensor, options, drafter, noise, clock) -> _Row:
+    """Row `index`'s decoding state: its prompt [T], its stop conditions and budget from `options`, its drafter (the
+    batch's), its keyed noise (None: unseeded or greedy)."""
+    strings = None
+    if options.stop_strings is not None:
+        strings = StopStrings(options.stop_strings, spec.tokenizer, prompt.tolist())
+    buffer = prompt.new_empty(prompt.shape[0] + options.max_new_tokens)
+    buffer[: prompt.shape[0]] = prompt
+    return _Row(index, prompt, buffer, StopCondition(options.max_new_tokens, spec._eos_ids(options.eos_token_id), strings),
+                _row_policy(spec, options), drafter, Sampler(options.sampling, noise=noise),
+                StatsRecorder(spec.drafter_bytes(drafter), clock))
+
+
+def _prefill(target, rows: list[_Row], sampling: SamplingConfig) -> tuple[RaggedCache, list[tuple[int, list[int]]]]:
+    """The rows' prompts into a new cache, then each row's first token, drawn as plain decoding draws it -> (the
+    cache, what the rows emitted). All prompts in one forward (right-padded; the cache's mask keeps each row to its
+    own prompt); where the engine's attention is ordered (int8 products, `attention_backends.py`), each prompt alone,
+    by the very call that prefills it when decoded alone, so that its entries are the same bits."""
     lengths = [row.prompt.shape[0] for row in rows]
-    hidden = _forward_block(target, cache, _pad([row.prompt for row in rows]))  # [B, T_max, hidden]
-    cache.commit(torch.tensor(lengths))
+    if ordered_now():
+        cache, hidden_rows = RaggedCache(target.model, 0, target.device), []
+        for row in rows:
+            alone = KVCache(target.model)
+            with prompt_attention():
+                hidden_rows.append(target.forward(row.prompt, alone))  # [T_r, hidden]
+            cache.join(RaggedCache.holding(target.model, alone.hf_cache, row.prompt.shape[0]))
+        last_hidden = torch.stack([hidden[-1] for hidden in hidden_rows])  # [B, hidden]
+    else:
+        cache = RaggedCache(target.model, len(rows), target.device)
+        hidden = _forward_block(target, cache, _pad([row.prompt for row in rows]))  # [B, T_max, hidden]
+        cache.commit(torch.tensor(lengths))
+        last = torch.tensor(lengths, device=hidden.device) - 1
+        last_hidden = hidden[torch.arange(len(rows), device=hidden.device), last]
+        hidden_rows = [hidden[r, :length] for r, length in enumerate(lengths)]
     # Every row's last position through the LM head at once (one read of its weights, not one per row).
-    last = torch.tensor(lengths, device=hidden.device) - 1
-    first_logits = target.logits(hidden[torch.arange(len(rows), device=hidden.device), last])  # [B, vocab]
+    first_logits = target.logits(last_hidden)  # [B, vocab]
     emitted = []
     for r, (row, length) in enumerate(zip(rows, lengths)):
-        row.unseen = [hidden[r, :length]]  # the drafter sees every prompt position
+        row.unseen = [hidden_rows[r]]  # the drafter sees every prompt position
         first, _ = row.sampler.draw(first_logits[r : r + 1], length)  # [1]
         row.next_token, row.num_tokens = int(first[0]), length
         tokens = row.stop.admit([row.next_token])
         if tokens:
             emitted.append((row.index, tokens))
+    return cache, emitted
+
+
+def _join(target, cache: RaggedCache, joining: list[_Row], sampling: SamplingConfig, clock: _StepClock,
+          batch_drafter: BatchDrafter | None) -> list[tuple[int, list[int]]]:
+    """Rows joining a running batch: their prompts in one forward of their own cache, then their rows appended to
+    the batch's cache (and the batched drafter's). Returns what they emitted (each row's first token)."""
+    clock.tick()
+    for row in joining:
+        row.recorder.start()
+    new_cache, emitted = _prefill(target, joining, sampling)
+    clock.tick()
+    for row in joining:
+        row.recorder.prefilled(row.stop.num_emitted, new_cache.nbytes() // len(joining))
+    cache.join(new_cache)
+    if batch_drafter is not None:
+        batch_drafter.join(len(joining))
     return emitted
 
 

@@ -114,5 +114,10 @@ class BatchEagleDrafter:
         """Keep only these rows ([R] long indices, in the order given), as the batch's cache does."""
         self.cache.select(rows)
 
+    def join(self, num_rows: int) -> None:
+        """Rows joining the batch (after its rows): empty head-cache rows, caught up on their prompts at their first
+        proposal."""
+        self.cache.join(RaggedCache(self.head, num_rows, self.cache.lengths.device, config=self.head.layer_config))
+
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass

@@ -82,5 +82,8 @@ class BatchEarlyExitDrafter:
     def select(self, rows: torch.Tensor) -> None:
         """Rows leave with the batch's cache, which the batch selects; nothing is kept here."""
 
+    def join(self, num_rows: int) -> None:
+        """Rows join with the batch's cache, which the batch joins; nothing is kept here."""
+
     def observe(self, num_drafted: int, num_accepted: int) -> None:
         pass

@@ -807,3 +807,80 @@ int quantized_linear_int8(int type, int path, const float *x, long rows, long k_
     free(xq);
     return 0;
 }
+
+/* ---- Attention in one fixed order (selfspec/kernel/attention.py; the engine's CPU attention where products round
+ * activations to int8)
+ * out[b, i, h, :] = softmax(q[b, h, i] . k[b, g, j] * scale over the keys j it sees) . v[b, g, j], g = h / (H / Hkv),
+ * computed for each (b, h, i) alone by one fixed sequence of float operations over its visible keys in position
+ * order: dot products over d in 8 lanes (fused multiply-adds, then the lanes summed in a fixed tree), the maximum, then
+ * p_j = expf(s_j - max), their sum in ascending j, the weighted values accumulated in ascending j (per d), divided by
+ * the sum. So a query's output is the same bits whether it is computed alone (a decode), with other queries (a
+ * verify forward, a batch's rows) or beside masked keys: keys a query does not see add nothing. (PyTorch's attention
+ * rounds a query's output differently for different numbers of queries; int8 activations can turn that ulp into a
+ * whole int8 step, and a greedy token at a near-tie into another.) k and v: [B, Hkv, L, D] by strides (elements) for
+ * the batch, the head and the position, the last dimension contiguous; q contiguous [B, H, W, D]; out contiguous
+ * [B, W, H, D]; visible [B, W, L] (1 = attended) or NULL for causal (query i sees keys < L - W + i + 1). D % 8 == 0. */
+__attribute__((target("avx2,fma"))) static float dot_ordered(const float *a, const float *b, long n) {
+    __m256 acc = _mm256_setzero_ps();
+    for (long d = 0; d < n; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + d), _mm256_loadu_ps(b + d), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+__attribute__((target("avx2,fma"))) static void attend_one(const float *q, const float *k, const float *v, long L,
+                                                           long D, long k_sl, long v_sl, const uint8_t *visible,
+                                                           long seen, float scale, float *scores, float *out) {
+    float best = -INFINITY;
+    for (long j = 0; j < L; j++) {
+        const int sees = visible ? visible[j] : j < seen;
+        scores[j] = sees ? dot_ordered(q, k + j * k_sl, D) * scale : -INFINITY;
+        best = scores[j] > best ? scores[j] : best;
+    }
+    for (long d = 0; d < D; d += 8)
+        _mm256_storeu_ps(out + d, _mm256_setzero_ps());
+    float total = 0.0f;
+    if (best == -INFINITY)
+        return;  /* (no key to see: zeros, as a fully masked row gives nothing) */
+    for (long j = 0; j < L; j++) {
+        if (scores[j] == -INFINITY)
+            continue;
+        const float p = expf(scores[j] - best);
+        total = total + p;
+        const __m256 vp = _mm256_set1_ps(p);
+        for (long d = 0; d < D; d += 8)
+            _mm256_storeu_ps(out + d, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + j * v_sl + d), _mm256_loadu_ps(out + d)));
+    }
+    const __m256 vt = _mm256_set1_ps(total);
+    for (long d = 0; d < D; d += 8)
+        _mm256_storeu_ps(out + d, _mm256_div_ps(_mm256_loadu_ps(out + d), vt));
+}
+
+int ordered_attention(const float *q, long B, long H, long W, long D, const float *k, const float *v, long Hkv,
+                      long L, long k_sb, long k_sh, long k_sl, long v_sb, long v_sh, long v_sl,
+                      const uint8_t *visible, float scale, float *out) {
+    if (D % 8 || H % Hkv || !__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return -1;
+    const long groups = H / Hkv, items = B * H * W;
+    int threads = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel() && items * L * D >= 4 * WEIGHTS_PER_THREAD)
+        threads = omp_get_max_threads();
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+        float *scores = malloc((size_t)L * sizeof(float));
+#ifdef _OPENMP
+#pragma omp for schedule(static)
+#endif
+        for (long item = 0; item < items; item++) {
+            const long b = item / (H * W), h = (item / W) % H, i = item % W, g = h / groups;
+            attend_one(q + ((b * H + h) * W + i) * D, k + b * k_sb + g * k_sh, v + b * v_sb + g * v_sh, L, D, k_sl,
+                       v_sl, visible ? visible + (b * W + i) * L : NULL, L - W + i + 1, scale, scores,
+                       out + ((b * W + i) * H + h) * D);
+        }
+        free(scores);
+    }
+    return 0;
+}

@@ -428,8 +428,8 @@ def _build(compiler: str, isa_flags: list[str]) -> Path:
     # a scratch directory of this process's own: builders running at once never write each other's files
     with tempfile.TemporaryDirectory(dir=library.parent) as scratch:
         built = Path(scratch) / library.name
-        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built)], capture_output=True, text=True,
-                                timeout=120)
+        result = subprocess.run([compiler, *flags, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+                                text=True, timeout=120)
         if result.returncode != 0:
             error = result.stderr.strip()[-500:] or f"{compiler} exited with {result.returncode}"
             (Path(scratch) / failed.name).write_text(error)

@@ -23,12 +23,16 @@ class ServeConfig:
     shutdown_grace_s: float = 30.0
     # Draft tokens per step for every request: "auto" (the engine's default) or an int (0: speculation off).
     num_draft_tokens: int | str = "auto"
+    # Requests decoded together in one continuous batch (those agreeing on their sampling settings); 1: one at a time.
+    max_batch: int = 8
 
     def __post_init__(self):
         if not self.model_name:
             raise ValueError("model_name must be a non-empty name")
         if self.max_queue < 0:
             raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
+        if self.max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {self.max_batch}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
         if self.shutdown_grace_s < 0:

@@ -1,26 +1,31 @@
-"""Who decodes which request, and when: one worker thread takes accepted jobs from a bounded queue, in arrival
-order, and runs each alone through `SelfSpecModel.stream`, so a request's tokens are exactly those `generate` returns
-for the same prompt and arguments (greedy or seeded) whatever else the server is doing.
+"""Who decodes which request, and when: one worker thread decodes the accepted jobs in continuous batches. It takes
+the oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs that
+agree with the batch on their sampling settings (and, sampled, on having a seed or not) join it, oldest first, up to
+`max_batch` rows; finished or cancelled rows leave after the step they end in. A job that does not agree waits at the
+head of the queue, and while it waits nothing more joins, so the batch drains and that job starts the next one (no
+request is passed over for long). Every row decodes as if alone, so a request's tokens are exactly those `generate`
+returns for the same prompt and arguments (greedy or seeded), whatever else the server is doing. `max_batch=1`
+decodes one request at a time through `SelfSpecModel.stream`, as does an engine the batch cannot take (tree drafts
+asked for explicitly, a drafter whose drafts share work).
 
-Limitation: requests run one at a time. A request that arrives while another decodes waits in the queue, so the
-server's throughput is one request's, and the n-th waiting request waits for all those before it. The engine decodes
-one prompt per `stream` call; its batched path (`selfspec/batch/`) decodes a fixed set of rows that cannot join or
-leave mid-run. A continuous-batching scheduler (rows joining and leaving between steps) is to replace this class
-behind the same interface: `submit(job, on_event) -> Ticket`, `Ticket.cancel()`, `close(grace_s)`, `depth`, `active`.
-
-Knows the engine's `stream` and `Job`s of token ids; nothing about HTTP, JSON or text formats. Events go to each
+Interface: `submit(job, on_event) -> Ticket`, `Ticket.cancel()`, `close(grace_s)`, `depth`, `active`. Knows the
+engine's `stream`, `JoiningBatch` and `Job`s of token ids; nothing about HTTP, JSON or text formats. Events go to each
 job's `on_event` callback from the worker thread (the caller bridges them to its own event loop): `Piece`s, then
 exactly one `Finished` or `Failed`.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from selfspec.batch.joining import JoiningBatch, RowRequest
+from selfspec.sampling import SamplingConfig
 from selfspec.serve.errors import APIError, internal, queue_full, unavailable
+from selfspec.streaming import TextDecoder
 
 log = logging.getLogger("selfspec.serve")
 
@@ -35,6 +40,16 @@ class Job:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     num_draft_tokens: int | str = "auto"
+
+    def batch_key(self) -> tuple:
+        """Jobs with equal keys can decode in one batch: the same sampling settings and draft length (greedy ignores
+        the warpers and the seed), and, sampled, a seed for every row or for none."""
+        if not self.sampling.get("do_sample"):
+            return ("greedy", self.num_draft_tokens)
+        return ("sampled", tuple(sorted(self.sampling.items())), self.seed is None, self.num_draft_tokens)
+
+    def row_request(self, index: int) -> RowRequest:
+        return RowRequest(index, list(self.prompt_ids), self.max_new_tokens, self.seed, tuple(self.stop_strings))
 
     def generate_kwargs(self) -> dict:
         """What `generate(self.prompt_ids, **kwargs)` (or `stream`) takes to decode this job."""
@@ -99,27 +114,31 @@ class Ticket:
 
 
 class Scheduler:
-    def __init__(self, engine, max_queue: int, metrics=None):
+    def __init__(self, engine, max_queue: int, metrics=None, max_batch: int = 8):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.engine = engine
         self.max_queue = max_queue
         self.metrics = metrics
+        self.max_batch = max_batch
         self._eos_ids = _eos_ids(engine)
         self._cond = threading.Condition()
         self._waiting: deque[Ticket] = deque()
-        self._running: Ticket | None = None
+        self._running: dict[int, Ticket] = {}  # row index -> the job decoding in that row
+        self._indices = itertools.count()
         self._accepting = True
         self._thread = threading.Thread(target=self._work, name="selfspec-serve-worker", daemon=True)
         self._thread.start()
 
     @property
     def depth(self) -> int:
-        """Jobs waiting (not counting the one decoding)."""
+        """Jobs waiting (not counting those decoding)."""
         return len(self._waiting)
 
     @property
     def active(self) -> int:
-        """Jobs decoding now: 0 or 1 here (a batching scheduler: its rows)."""
-        return int(self._running is not None)
+        """Jobs decoding now (the batch's rows)."""
+        return len(self._running)
 
     def submit(self, job: Job, on_event: Callable[[object], None]) -> Ticket:
         """Accept a job (raises APIError 503 once closing, 429 when the queue is full); `on_event` then gets its
@@ -128,7 +147,7 @@ class Scheduler:
         with self._cond:
             if not self._accepting:
                 raise unavailable("the server is shutting down", code="shutting_down")
-            if len(self._waiting) + self.active > self.max_queue:
+            if len(self._waiting) - (self.max_batch - self.active) >= self.max_queue:  # (free rows take some now)
                 raise queue_full(self.max_queue)
             self._waiting.append(ticket)
             self._gauges()
@@ -146,11 +165,9 @@ class Scheduler:
             return
         reason = unavailable("the server shut down before this request finished", code="shutting_down")
         with self._cond:
-            waiting, running = list(self._waiting), self._running
-        for ticket in waiting:
-            ticket.cancel(reason)
-        if running is not None:
-            running.cancel(reason)  # the worker stops it after its current step
+            waiting, running = list(self._waiting), list(self._running.values())
+        for ticket in waiting + running:
+            ticket.cancel(reason)  # (a decoding one: the worker stops it before its next step)
         self._thread.join(timeout=60)  # one step, or a long prompt's prefill
         if self._thread.is_alive():
             log.error("the decoding thread did not stop within 60 s of shutdown")
@@ -163,48 +180,127 @@ class Scheduler:
             self._gauges()
             return True
 
-    def _next(self) -> Ticket | None:
-        """The next job to decode (now marked running), or None once closed with nothing waiting."""
+    def _next(self) -> tuple[int, Ticket] | None:
+        """The oldest waiting job (now running) and its row index, or None once closed with nothing waiting."""
         with self._cond:
             while not self._waiting and self._accepting:
                 self._cond.wait()
-            self._running = self._waiting.popleft() if self._waiting else None
-            self._gauges()
-            return self._running
+            if not self._waiting:
+                return None
+            return self._start(self._waiting.popleft())
+
+    def _start(self, ticket: Ticket) -> tuple[int, Ticket]:
+        index = next(self._indices)  # (under the lock)
+        self._running[index] = ticket
+        self._gauges()
+        return index, ticket
 
     def _work(self) -> None:
-        while (ticket := self._next()) is not None:
+        while (started := self._next()) is not None:
             try:
-                self._decode(ticket)
-            except Exception as err:  # the worker outlives any one request's failure; that request gets the error
-                log.exception("decoding a request failed")
-                ticket.end(Failed(internal(f"decoding failed: {type(err).__name__}: {err}")))
+                if self.max_batch > 1:
+                    self._decode_batch(*started)
+                else:
+                    self._decode(started[1])
+            except Exception as err:  # the worker outlives any failure; the jobs it was decoding get the error
+                log.exception("decoding failed")
+                failure = Failed(internal(f"decoding failed: {type(err).__name__}: {err}"))
+                for ticket in list(self._running.values()):
+                    ticket.end(failure)
             finally:
                 with self._cond:
-                    self._running = None
+                    self._running.clear()
                     self._gauges()
 
     def _decode(self, ticket: Ticket) -> None:
+        """One job alone through the engine's `stream`."""
         job = ticket.job
         stream = self.engine.stream(job.prompt_ids, **job.generate_kwargs())
         steps = 0
         for piece in stream:
             if ticket.cancelled.is_set():  # checked between steps: a cancelled request frees the worker at once
-                ticket.end(Failed(ticket.cancel_reason or APIError(499, "cancelled", code="cancelled")))
+                ticket.end(_cancelled(ticket))
                 return
             if piece.token_ids and self.metrics is not None:
                 self.metrics.step(len(piece.token_ids), first=steps == 0)
             steps += bool(piece.token_ids)
             ticket.send(Piece(list(piece.token_ids), piece.text or ""))
-        tokens = stream.token_ids
+        self._finish(ticket, stream.token_ids, stream.stats)
+
+    def _decode_batch(self, index: int, ticket: Ticket) -> None:
+        """A continuous batch started by this job: agreeing jobs join before each step, rows leave as they end."""
+        job, key = ticket.job, ticket.job.batch_key()
+        try:
+            batch = JoiningBatch(self.engine, SamplingConfig(**job.sampling), job.num_draft_tokens,
+                                 seeded=job.seed is not None)
+        except NotImplementedError as err:  # an engine a batch cannot take: one job at a time from now on
+            log.warning("decoding requests one at a time: %s", err)
+            self.max_batch = 1
+            self._decode(ticket)
+            return
+        rows = {index: _RowState(ticket, TextDecoder(self.engine.tokenizer))}
+
+        def admit() -> list[RowRequest]:
+            for row_index, state in list(rows.items()):  # cancelled rows leave between steps
+                if state.ticket.cancelled.is_set():
+                    batch.end(row_index)
+                    del rows[row_index]
+                    self._leave(row_index)
+                    state.ticket.end(_cancelled(state.ticket))
+            joining = []
+            with self._cond:
+                while (self._waiting and len(self._running) < self.max_batch
+                       and self._waiting[0].job.batch_key() == key):
+                    row_index, joined = self._start(self._waiting.popleft())
+                    rows[row_index] = _RowState(joined, TextDecoder(self.engine.tokenizer))
+                    joining.append(joined.job.row_request(row_index))
+            return joining
+
+        for emitted, finished in batch.steps([job.row_request(index)], admit):
+            for row_index, tokens in emitted:
+                state = rows.get(row_index)
+                if state is None or not tokens:
+                    continue
+                if self.metrics is not None:
+                    self.metrics.step(len(tokens), first=not state.token_ids)
+                state.token_ids += tokens
+                state.ticket.send(Piece(list(tokens), state.decoder.push(tokens)))
+            for done in finished:
+                state = rows.pop(done.index, None)
+                if state is None:
+                    continue
+                self._leave(done.index)
+                rest = state.decoder.flush()
+                if rest:
+                    state.ticket.send(Piece([], rest))
+                self._finish(state.ticket, state.token_ids, done.stats)
+
+    def _leave(self, index: int) -> None:
+        with self._cond:
+            self._running.pop(index, None)
+            self._gauges()
+
+    def _finish(self, ticket: Ticket, tokens: list[int], stats) -> None:
+        job = ticket.job
         at_limit = len(tokens) >= job.max_new_tokens and not (tokens and tokens[-1] in self._eos_ids)
         if self.metrics is not None:
-            self.metrics.finished(stream.stats, len(job.prompt_ids))
-        ticket.end(Finished(len(job.prompt_ids), len(tokens), "length" if at_limit else "stop", stream.stats))
+            self.metrics.finished(stats, len(job.prompt_ids))
+        ticket.end(Finished(len(job.prompt_ids), len(tokens), "length" if at_limit else "stop", stats))
 
     def _gauges(self) -> None:
         if self.metrics is not None:
             self.metrics.gauges(depth=len(self._waiting), active=self.active)
+
+
+@dataclass
+class _RowState:
+    ticket: Ticket
+    decoder: TextDecoder
+    token_ids: list[int] = field(default_factory=list)
+
+
+def _cancelled(ticket: Ticket) -> Failed:
+    return Failed(ticket.cancel_reason or APIError(499, "cancelled", code="cancelled"))
 
 
 def _eos_ids(engine) -> frozenset[int]:

@@ -51,7 +51,7 @@ class Service:
             if self.state != "loading":  # closed while loading: never start decoding
                 return
             self.engine, self._encoder = engine, encoder
-            self.scheduler = Scheduler(engine, self.config.max_queue, self.metrics)
+            self.scheduler = Scheduler(engine, self.config.max_queue, self.metrics, self.config.max_batch)
             self.state = "ready"
         log.info("model %s loaded; serving", self.config.model_name)
 

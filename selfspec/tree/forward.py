@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from selfspec.attention_backends import additive_mask
+from selfspec.attention_backends import additive_mask, engine_attention_context
 from selfspec.cache import KVCache
 from selfspec.cache_layer import FULL_ATTENTION_LAYERS
 from selfspec.draft_length.verify_cost import prior_verify_cost
@@ -77,7 +77,8 @@ def check_tree_support(target: TargetModel) -> None:
     checked = (attn, sliding, id(target.decoder), target.dtype, target.device)
     if _TREE_PROBE_PASSED.get(target.model) == checked:
         return
-    _probe_tree_forward(target, name, attn)
+    with engine_attention_context(target.model):  # (as the engine runs its forwards: int8 products, ordered attention)
+        _probe_tree_forward(target, name, attn)
     _TREE_PROBE_PASSED[target.model] = checked
 
 

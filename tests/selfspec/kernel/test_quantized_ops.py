@@ -1,5 +1,5 @@
-"""The quantized products as a registered op: a compiled forward (fullgraph: no graph break) computes what the eager
-layer computes, bit for bit, for both backends, and the op's fake gives the output's shape."""
+"""The quantized products (and an embedding's lookup) as registered ops: a compiled forward (fullgraph: no graph break)
+computes what the eager layer computes, bit for bit, for both backends, and the op's fake gives the output's shape."""
 import pytest
 import torch
 
@@ -36,3 +36,14 @@ def test_the_op_says_its_output_shape_without_running(needs_kernel):
     with FakeTensorMode() as mode:
         x, blocks = mode.from_tensor(torch.randn(5, 2, 64)), mode.from_tensor(weight.blocks)
         assert quantized_linear(x, blocks, weight.qtype, 64, False).shape == (5, 2, 24)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_a_compiled_embedding_lookup_is_the_eager_one(needs_kernel, interleaved):
+    torch._dynamo.reset()
+    weight = q.random_weight("Q8_0", 48, 64, seed=4)
+    weight.set_interleaved(interleaved)
+    embedding = q.QuantizedEmbedding(weight)
+    ids = torch.tensor([[3, 47, 0], [9, 9, 12]])
+    compiled = torch.compile(embedding, fullgraph=True, backend="aot_eager", dynamic=False)
+    assert torch.equal(compiled(ids), embedding(ids)) and compiled(ids).shape == (2, 3, 64)

@@ -16,6 +16,13 @@ class PacedEngine:
     def stream(self, *args, **kwargs):
         return PacedStream(self.engine.stream(*args, **kwargs), self.delay, self.gate)
 
+    def engine_steps(self, pieces):
+        """A batch's steps (the server's continuous batches run through this), paced as `stream`'s pieces."""
+        return iter(PacedStream(self.engine.engine_steps(pieces), self.delay, self.gate))
+
+    def __getattr__(self, name):  # (everything else a batch reads of the engine: the engine's own)
+        return getattr(self.engine, name)
+
 
 class PacedStream:
     def __init__(self, stream, delay: float, gate):

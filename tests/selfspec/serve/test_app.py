@@ -204,7 +204,7 @@ def test_a_disconnect_mid_stream_frees_the_worker_at_the_next_step(reference):
 
 def test_a_full_queue_is_429_with_retry_after():
     gate = threading.Event()
-    config = ServeConfig(MODEL, max_queue=0, num_draft_tokens=3, shutdown_grace_s=5)
+    config = ServeConfig(MODEL, max_queue=0, max_batch=1, num_draft_tokens=3, shutdown_grace_s=5)  # (one at a time)
     with LiveServer(lambda: PacedEngine(tiny_engine(), gate=gate), config) as live:
         body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
         first = threading.Thread(target=post, args=(live, "completions"), kwargs={"json": body})

@@ -1,5 +1,6 @@
-"""The one-at-a-time scheduler with a scripted engine (no model): arrival order, the bounded queue, cancellation of a
-waiting or a running job, the finish reason, and a close that ends every accepted job."""
+"""The scheduler one job at a time (max_batch=1) with a scripted engine (no model): arrival order, the bounded queue,
+cancellation of a waiting or a running job, the finish reason, and a close that ends every accepted job (batches:
+test_batching.py)."""
 from __future__ import annotations
 
 import threading
@@ -69,7 +70,7 @@ def job(script: int, max_new_tokens: int = 4) -> Job:
 
 def test_jobs_run_one_at_a_time_in_arrival_order_and_end_once():
     engine = ScriptedEngine({0: [[5], [6, 7]], 1: [[8]], 2: [[9], [EOS]]})
-    scheduler = Scheduler(engine, max_queue=4)
+    scheduler = Scheduler(engine, max_queue=4, max_batch=1)
     recorders = [Recorder() for _ in range(3)]
     for i, recorder in enumerate(recorders):
         scheduler.submit(job(i), recorder)
@@ -88,7 +89,7 @@ def test_jobs_run_one_at_a_time_in_arrival_order_and_end_once():
     ([[5]], 4, "stop"),  # ended early: a stop string or an EOS
 ])
 def test_the_finish_reason(steps, max_new_tokens, reason):
-    scheduler = Scheduler(ScriptedEngine({0: steps}), max_queue=0)
+    scheduler = Scheduler(ScriptedEngine({0: steps}), max_queue=0, max_batch=1)
     recorder = Recorder()
     scheduler.submit(job(0, max_new_tokens), recorder)
     assert recorder.wait().finish_reason == reason
@@ -97,7 +98,7 @@ def test_the_finish_reason(steps, max_new_tokens, reason):
 
 def test_a_full_queue_refuses_with_429_and_cancelled_waiters_free_their_place():
     gate = threading.Event()
-    scheduler = Scheduler(ScriptedEngine({0: [[5]]}, gate=gate), max_queue=1)
+    scheduler = Scheduler(ScriptedEngine({0: [[5]]}, gate=gate), max_queue=1, max_batch=1)
     first, second, third = Recorder(), Recorder(), Recorder()
     scheduler.submit(job(0), first)
     _wait_until(lambda: scheduler.active == 1)
@@ -115,7 +116,7 @@ def test_a_full_queue_refuses_with_429_and_cancelled_waiters_free_their_place():
 
 def test_cancelling_a_running_job_frees_the_worker_at_its_next_step():
     engine = ScriptedEngine({0: [[5]] * 1000, 1: [[6]]}, delay=0.01)
-    scheduler = Scheduler(engine, max_queue=2)
+    scheduler = Scheduler(engine, max_queue=2, max_batch=1)
     long, short = Recorder(), Recorder()
     ticket = scheduler.submit(job(0, 1000), long)
     scheduler.submit(job(1), short)
@@ -129,7 +130,7 @@ def test_cancelling_a_running_job_frees_the_worker_at_its_next_step():
 
 def test_close_finishes_within_the_grace_then_fails_the_rest():
     gate = threading.Event()
-    scheduler = Scheduler(ScriptedEngine({0: [[5]]}, gate=gate), max_queue=3)
+    scheduler = Scheduler(ScriptedEngine({0: [[5]]}, gate=gate), max_queue=3, max_batch=1)
     recorders = [Recorder() for _ in range(3)]
     for recorder in recorders:
         scheduler.submit(job(0), recorder)
@@ -149,7 +150,7 @@ def test_close_finishes_within_the_grace_then_fails_the_rest():
 
 
 def test_close_lets_quick_jobs_finish():
-    scheduler = Scheduler(ScriptedEngine({0: [[5], [6]]}), max_queue=3)
+    scheduler = Scheduler(ScriptedEngine({0: [[5], [6]]}), max_queue=3, max_batch=1)
     recorders = [Recorder() for _ in range(3)]
     for recorder in recorders:
         scheduler.submit(job(0), recorder)
@@ -164,7 +165,7 @@ def test_a_failing_job_fails_alone():
                 raise RuntimeError("boom")
             return super().stream(prompt_ids, **options)
 
-    scheduler = Scheduler(Broken({1: [[5]]}), max_queue=2)
+    scheduler = Scheduler(Broken({1: [[5]]}), max_queue=2, max_batch=1)
     broken, fine = Recorder(), Recorder()
     scheduler.submit(job(0), broken)
     scheduler.submit(job(1), fine)

@@ -1,0 +1,92 @@
+"""A batch that rows join and leave between steps (continuous batching: what `selfspec serve` runs). Each row is a
+prompt with its own budget, seed and stop strings; the rows share the batch's sampling settings and draft length
+(a server batches together the requests that agree on them). A joining row's prompt is prefilled in a forward of its
+own, then the row steps with the others (`decode.py`'s step, `RaggedCache.join`); a row that finishes, or that the
+caller ends, leaves. Each row decodes as if alone (`decode.py`), so greedy and seeded rows give `generate`'s tokens
+for the same prompt and arguments. Knows the batch's rows; nothing about requests, threads or HTTP.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+
+from selfspec.batch.decode import (_batch_planner, _check_batch_support, _decode_batch, _new_row, _row_drafters,
+                                   _StepClock)
+from selfspec.inputs import check_lengths
+from selfspec.sampling import SamplingConfig
+from selfspec.seeded import keyed_noise
+from selfspec.stats import GenerationStats
+
+
+@dataclass(frozen=True)
+class RowRequest:
+    index: int  # the caller's name for the row (unique among the rows decoding)
+    prompt_ids: list[int]
+    max_new_tokens: int
+    seed: int | None = None  # sampling with a seed: the row's draws keyed by it, as `generate(seed=...)` alone
+    stop_strings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RowFinished:
+    index: int
+    stats: GenerationStats  # the row's own stats, as `generate` reports them
+
+
+class JoiningBatch:
+    """Rows of one sampling setting and draft length. `steps(first, admit)` decodes `first`, calls `admit()` before
+    every step for more rows, and yields per target forward (emitted [(index, tokens)], finished [RowFinished]) until
+    no row is left; `end(index)` stops a row between steps (it is not reported as finished). seeded: whether sampled
+    rows carry seeds (all of them, or none: the batch verifies keyed rows all at once, unseeded rows one by one)."""
+
+    def __init__(self, spec, sampling: SamplingConfig, num_draft_tokens: int | str = "auto", seeded: bool = False):
+        from selfspec.engine import DecodeOptions
+
+        self.spec, self.seeded = spec, seeded and sampling.do_sample
+        self.options = DecodeOptions(1, sampling, num_draft_tokens)  # (each row's budget and seed are its own)
+        _check_batch_support(spec, self.options)
+        self._rows = {}  # index -> the row, while it decodes
+
+    def end(self, index: int) -> None:
+        """Stop row `index` before the next step; its tokens so far stand."""
+        row = self._rows.pop(index, None)
+        if row is not None:
+            row.stop.done = True
+
+    def steps(self, first: list[RowRequest], admit: Callable[[], list[RowRequest]]
+              ) -> Iterator[tuple[list[tuple[int, list[int]]], list[RowFinished]]]:
+        spec, target = self.spec, self.spec.target
+        drafters, batch_drafter = _row_drafters(spec.drafter, target, len(first))
+        clock = _StepClock(spec.clock)
+
+        drafter = batch_drafter if batch_drafter is not None else drafters[0]  # (every row's: `_row_drafters`)
+
+        def rows_for(requests: list[RowRequest]) -> list:
+            rows = [self._row(request, drafter, clock) for request in requests]
+            self._rows.update((row.index, row) for row in rows)
+            return rows
+
+        total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
+        pieces = _decode_batch(target, rows_for(first), self.options.sampling, clock, total,
+                               _batch_planner(spec, self.options), batch_drafter, admit=lambda: rows_for(admit()))
+        for emitted in spec.engine_steps(pieces):
+            finished = [RowFinished(index, row.recorder.stats) for index, row in self._rows.items() if row.stop.done]
+            for done in finished:
+                del self._rows[done.index]
+            yield emitted, finished
+
+    def _row(self, request: RowRequest, drafter, clock):
+        target = self.spec.target
+        if self.options.sampling.do_sample and (request.seed is not None) != self.seeded:
+            raise ValueError(f"row {request.index}: a batch of {'seeded' if self.seeded else 'unseeded'} sampled rows "
+                             f"cannot take one {'without' if self.seeded else 'with'} a seed")
+        prompt = torch.as_tensor(request.prompt_ids, dtype=torch.long, device=target.device)
+        if prompt.dim() != 1 or not prompt.numel():
+            raise ValueError(f"row {request.index}: expected a non-empty list of token ids")
+        check_lengths(prompt.shape[0], request.max_new_tokens, target.max_positions)
+        options = replace(self.options, max_new_tokens=request.max_new_tokens, seed=request.seed,
+                          stop_strings=list(request.stop_strings) or None)
+        noise = keyed_noise(request.seed, None, target.vocab_size, target.device) if self.seeded else None
+        return _new_row(self.spec, request.index, prompt, options, drafter, noise, clock)

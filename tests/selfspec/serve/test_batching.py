@@ -1,0 +1,126 @@
+"""The scheduler's continuous batches with a real tiny engine: jobs that arrive while others decode join them (rows
+really overlap), each answer equals `generate`'s for its prompt and arguments (greedy and seeded), a job with other
+sampling settings waits for the batch to drain and then runs, a cancelled row leaves at the next step while the others
+finish, and the queue bound counts the batch's free rows."""
+from __future__ import annotations
+
+import threading
+import time
+
+from selfspec.serve.errors import APIError
+from selfspec.serve.scheduler import Failed, Finished, Job, Piece, Scheduler
+from tests.selfspec.serve.live import tiny_engine
+from tests.selfspec.serve.paced import PacedEngine
+from tests.selfspec.serve.test_scheduler import Recorder, _wait_until
+
+PROMPTS = [[5, 9, 13, 5, 9, 13, 5, 9], [21, 4, 4, 30], [7, 7, 8, 7, 7, 8, 7], [40, 41, 42, 43, 44, 45]]
+SAMPLED = {"do_sample": True, "temperature": 0.9, "top_p": None, "top_k": None}
+
+
+def expected(engine, job: Job) -> list[int]:
+    return engine.generate(job.prompt_ids, **job.generate_kwargs()).sequences[0, len(job.prompt_ids):].tolist()
+
+
+def tokens_of(recorder: Recorder) -> list[int]:
+    return [t for event in recorder.events if isinstance(event, Piece) for t in event.token_ids]
+
+
+def test_jobs_arriving_while_others_decode_join_the_batch_and_answer_as_alone():
+    engine = tiny_engine()
+    paced = PacedEngine(engine, delay=0.02)
+    scheduler = Scheduler(paced, max_queue=8, max_batch=4)
+    widest, stop = [0], threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            widest[0] = max(widest[0], scheduler.active)
+            time.sleep(0.002)
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    jobs = [Job(PROMPTS[0], 40, num_draft_tokens=3), Job(PROMPTS[1], 12, num_draft_tokens=3),
+            Job(PROMPTS[2], 30, seed=4, num_draft_tokens=3), Job(PROMPTS[3], 25, num_draft_tokens=3)]
+    recorders = []
+    for job in jobs:  # one after another, while the first decodes
+        recorders.append(Recorder())
+        scheduler.submit(job, recorders[-1])
+        time.sleep(0.05)
+    ends = [recorder.wait() for recorder in recorders]
+    stop.set()
+    watcher.join()
+    scheduler.close(grace_s=5)
+    assert widest[0] >= 3, f"at most {widest[0]} rows decoded together"
+    for job, recorder, end in zip(jobs, recorders, ends):
+        assert isinstance(end, Finished), end
+        assert tokens_of(recorder) == expected(engine, job)
+        text = "".join(e.text for e in recorder.events if isinstance(e, Piece))
+        assert text == engine.tokenizer.decode(tokens_of(recorder), skip_special_tokens=True)
+        assert end.completion_tokens == len(tokens_of(recorder)) and end.stats.new_tokens == end.completion_tokens
+    assert sum(end.stats.drafted for end in ends) > 0  # (n-gram drafts on the repetitive prompts)
+
+
+def test_seeded_rows_batch_together_and_keep_their_seeds():
+    engine = tiny_engine()
+    scheduler = Scheduler(PacedEngine(engine, delay=0.01), max_queue=8, max_batch=4)
+    jobs = [Job(p, 20, sampling=SAMPLED, seed=10 + i, num_draft_tokens=2) for i, p in enumerate(PROMPTS)]
+    recorders = [Recorder() for _ in jobs]
+    for job, recorder in zip(jobs, recorders):
+        scheduler.submit(job, recorder)
+    for job, recorder in zip(jobs, recorders):
+        assert isinstance(recorder.wait(), Finished)
+        assert tokens_of(recorder) == expected(engine, job)
+    scheduler.close(grace_s=5)
+
+
+def test_a_job_with_other_settings_waits_for_the_batch_then_runs():
+    engine = tiny_engine()
+    gate = threading.Event()
+    scheduler = Scheduler(PacedEngine(engine, delay=0.01, gate=gate), max_queue=8, max_batch=4)
+    greedy, sampled, late_greedy = Job(PROMPTS[0], 15), Job(PROMPTS[1], 10, sampling=SAMPLED, seed=3), Job(PROMPTS[2], 8)
+    recorders = [Recorder(), Recorder(), Recorder()]
+    scheduler.submit(greedy, recorders[0])
+    _wait_until(lambda: scheduler.active == 1)
+    scheduler.submit(sampled, recorders[1])  # at the head of the queue: it does not agree with the greedy batch
+    scheduler.submit(late_greedy, recorders[2])  # agrees, but may not pass the sampled job
+    gate.set()
+    order = []
+    for recorder in recorders:
+        recorder.wait()
+        order.append(recorder)
+    assert all(isinstance(r.events[-1], Finished) for r in recorders)
+    assert scheduler.depth == 0
+    for job, recorder in zip([greedy, sampled, late_greedy], recorders):
+        assert tokens_of(recorder) == expected(engine, job)
+    scheduler.close(grace_s=5)
+
+
+def test_a_cancelled_row_leaves_at_the_next_step_and_the_others_finish():
+    engine = tiny_engine()
+    scheduler = Scheduler(PacedEngine(engine, delay=0.02), max_queue=8, max_batch=4)
+    long_job, other = Job(PROMPTS[0], 300), Job(PROMPTS[1], 30)
+    cancelled, kept = Recorder(), Recorder()
+    ticket = scheduler.submit(long_job, cancelled)
+    scheduler.submit(other, kept)
+    _wait_until(lambda: scheduler.active == 2 and tokens_of(cancelled))
+    ticket.cancel()
+    end = cancelled.wait()
+    assert isinstance(end, Failed) and end.error.status == 499
+    assert len(tokens_of(cancelled)) < 300
+    assert isinstance(kept.wait(), Finished) and tokens_of(kept) == expected(engine, other)
+    _wait_until(lambda: scheduler.active == 0)
+    scheduler.close(grace_s=5)
+
+
+def test_the_queue_bound_counts_the_batchs_free_rows():
+    gate = threading.Event()
+    scheduler = Scheduler(PacedEngine(tiny_engine(), gate=gate), max_queue=1, max_batch=2)
+    recorders = [Recorder() for _ in range(3)]
+    for recorder in recorders:  # one decoding (held at the gate), one for the free row, one waiting
+        scheduler.submit(Job(PROMPTS[0], 4), recorder)
+    try:
+        scheduler.submit(Job(PROMPTS[0], 4), Recorder())
+        raise AssertionError("a fourth job was accepted")
+    except APIError as refused:
+        assert refused.status == 429
+    gate.set()
+    assert all(isinstance(recorder.wait(), Finished) for recorder in recorders)
+    scheduler.close(grace_s=5)
