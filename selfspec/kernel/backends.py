@@ -69,8 +69,9 @@ def describe(model: torch.nn.Module) -> str | None:
     known, parts = measured_choices(), []
     for name, backend in sorted(used.items()):
         ms = known.get(name, {}).get("ms")
-        timing = "" if not ms else (f" (one row {ms['float']['1']} ms float / {ms['int8']['1']} ms int8, "
-                                    f"{MAX_ROWS} rows {ms['float'][str(MAX_ROWS)]} / {ms['int8'][str(MAX_ROWS)]})")
+        timing = "" if not ms else " (ms float / int8: " + ", ".join(
+            f"{rows} row{'s' if rows != '1' else ''} {ms['float'][rows]} / {ms['int8'][rows]}"
+            for rows in ms["int8"]) + ")"
         parts.append(f"{name} {backend}{timing}")
     return f"quantized products ({backend_setting()}): " + "; ".join(parts)
 
@@ -102,8 +103,9 @@ def chosen_backend(qtype: int) -> str:
 def measure_backends(qtype: int, layers: int = 12, shape: tuple[int, int] = (2048, 2048), repeats: int = 5,
                      timer=time.perf_counter) -> dict[str, dict[int, float]]:
     """Median milliseconds of a pass through `layers` random weights of `shape` of GGUF type `qtype` (Q4_1: ~31 MB,
-    streamed from memory as a decode streams a model's layers), 1 and MAX_ROWS rows, through each backend: {"float":
-    {1: ms, MAX_ROWS: ms}, "int8": {...}}. Passes interleaved, after one warm-up pass each."""
+    streamed from memory as a decode streams a model's layers), 1, 4 and MAX_ROWS rows (a decode, a short chain's
+    verify, a batch), through each backend: {"float": {1: ms, 4: ms, MAX_ROWS: ms}, "int8": {...}}. Passes
+    interleaved, after one warm-up pass each."""
     from selfspec.kernel.quantized import _entry_points, random_weight
 
     weights = [random_weight(qtype, *shape, seed=i) for i in range(layers)]
@@ -112,7 +114,7 @@ def measure_backends(qtype: int, layers: int = 12, shape: tuple[int, int] = (204
         weight.set_interleaved(True)
     linear = _entry_points()[0]
     times = {"float": {}, "int8": {}}
-    for rows in (1, MAX_ROWS):
+    for rows in (1, 4, MAX_ROWS):
         x = torch.randn(rows, shape[1], generator=torch.Generator().manual_seed(rows))
         out = torch.empty(rows, shape[0])
         passes = {"float": [], "int8": []}

@@ -1,7 +1,8 @@
 """Who decodes which request, and when: one worker thread decodes the accepted jobs in continuous batches. It takes
 the oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs that
 agree with the batch on their sampling settings (and, sampled, on having a seed or not) join it, oldest first, up to
-`max_batch` rows; finished or cancelled rows leave after the step they end in. A job that does not agree waits at the
+`max_batch` rows; finished or cancelled rows leave after the step they end in. (A batch of one decodes about as fast
+as `SelfSpecModel.stream`: SmolLM2, 64 tokens, 57-70 against 59-70 tokens/s.) A job that does not agree waits at the
 head of the queue, and while it waits nothing more joins, so the batch drains and that job starts the next one (no
 request is passed over for long). Every row decodes as if alone, so a request's tokens are exactly those `generate`
 returns for the same prompt and arguments (greedy or seeded), whatever else the server is doing. `max_batch=1`

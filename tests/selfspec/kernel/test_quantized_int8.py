@@ -200,13 +200,19 @@ def test_auto_measures_once_and_keeps_the_choice(needs_kernel, monkeypatch, tmp_
         backends.chosen_backend.cache_clear()  # a new process: the file decides, nothing measured again
         assert backends.resolve_backend("auto", "Q4_1") == "int8" and backends.resolve_backend("auto", "Q8_0") == "float"
         assert measured == [3, 8] and list(tmp_path.glob("quantized/backends-*.json"))
+        model = torch.nn.Sequential(q.QuantizedLinear(q.random_weight("Q4_1", 8, 32), backend="auto"),
+                                    q.QuantizedLinear(q.random_weight("Q8_0", 8, 32), backend="auto"))
+        line = backends.describe(model)  # what --verbose and the benchmark print
+        assert line.startswith("quantized products (") and "Q4_1 int8 (ms float / int8: 1 row 10.0 / 5.0" in line
+        assert f"{q.MAX_ROWS} rows 30.0 / 20.0" in line and "Q8_0 float" in line
+        assert backends.describe(torch.nn.Linear(2, 2)) is None
     finally:
         backends.chosen_backend.cache_clear()
 
 
 def test_measuring_times_both_backends(needs_kernel):
     times = backends.measure_backends(q.TYPES["Q4_1"], layers=2, shape=(64, 128), repeats=1)
-    assert set(times) == {"float", "int8"} and all(set(t) == {1, q.MAX_ROWS} for t in times.values())
+    assert set(times) == {"float", "int8"} and all(set(t) == {1, 4, q.MAX_ROWS} for t in times.values())
     assert all(ms > 0 for t in times.values() for ms in t.values())
 
 

@@ -1,7 +1,8 @@
 """The scheduler's continuous batches with a real tiny engine: jobs that arrive while others decode join them (rows
-really overlap), each answer equals `generate`'s for its prompt and arguments (greedy and seeded), a job with other
-sampling settings waits for the batch to drain and then runs, a cancelled row leaves at the next step while the others
-finish, and the queue bound counts the batch's free rows."""
+really overlap), each answer equals `generate`'s for its prompt and
+arguments (greedy and seeded), a job with other sampling settings waits for the batch to drain and then runs, a
+cancelled row leaves at the next step while the others finish, and the queue bound counts the batch's free rows.
+Batches are shaped deterministically here: a first job held at a gate, the next ones joining it at its first step."""
 from __future__ import annotations
 
 import threading
@@ -21,14 +22,24 @@ def expected(engine, job: Job) -> list[int]:
     return engine.generate(job.prompt_ids, **job.generate_kwargs()).sequences[0, len(job.prompt_ids):].tolist()
 
 
+def with_a_held_first_job(engine, delay=0.02, max_queue=8, max_batch=4):
+    """A scheduler whose first job waits at a gate: -> (scheduler, its recorder, open)."""
+    gate = threading.Event()
+    paced = PacedEngine(engine, delay=delay, gate=gate)
+    scheduler = Scheduler(paced, max_queue=max_queue, max_batch=max_batch)
+    first = Recorder()
+    scheduler.submit(Job(PROMPTS[3], 3), first)
+    _wait_until(lambda: scheduler.active == 1)
+    return scheduler, first, gate.set
+
+
 def tokens_of(recorder: Recorder) -> list[int]:
     return [t for event in recorder.events if isinstance(event, Piece) for t in event.token_ids]
 
 
 def test_jobs_arriving_while_others_decode_join_the_batch_and_answer_as_alone():
     engine = tiny_engine()
-    paced = PacedEngine(engine, delay=0.02)
-    scheduler = Scheduler(paced, max_queue=8, max_batch=4)
+    scheduler, first, release = with_a_held_first_job(engine)
     widest, stop = [0], threading.Event()
 
     def watch():
@@ -39,10 +50,13 @@ def test_jobs_arriving_while_others_decode_join_the_batch_and_answer_as_alone():
     watcher.start()
     jobs = [Job(PROMPTS[0], 40, num_draft_tokens=3), Job(PROMPTS[1], 12, num_draft_tokens=3),
             Job(PROMPTS[2], 30, seed=4, num_draft_tokens=3), Job(PROMPTS[3], 25, num_draft_tokens=3)]
-    recorders = []
-    for job in jobs:  # one after another, while the first decodes
-        recorders.append(Recorder())
-        scheduler.submit(job, recorders[-1])
+    recorders = [Recorder() for _ in jobs]
+    for job, recorder in zip(jobs[:2], recorders):  # queued while the held job waits: they join it at its first step
+        scheduler.submit(job, recorder)
+    release()
+    assert isinstance(first.wait(), Finished)
+    for job, recorder in zip(jobs[2:], recorders[2:]):  # arriving while the batch decodes: they join it
+        scheduler.submit(job, recorder)
         time.sleep(0.05)
     ends = [recorder.wait() for recorder in recorders]
     stop.set()
@@ -60,11 +74,12 @@ def test_jobs_arriving_while_others_decode_join_the_batch_and_answer_as_alone():
 
 def test_seeded_rows_batch_together_and_keep_their_seeds():
     engine = tiny_engine()
-    scheduler = Scheduler(PacedEngine(engine, delay=0.01), max_queue=8, max_batch=4)
+    scheduler, _, release = with_a_held_first_job(engine, delay=0.01)
     jobs = [Job(p, 20, sampling=SAMPLED, seed=10 + i, num_draft_tokens=2) for i, p in enumerate(PROMPTS)]
     recorders = [Recorder() for _ in jobs]
     for job, recorder in zip(jobs, recorders):
         scheduler.submit(job, recorder)
+    release()
     for job, recorder in zip(jobs, recorders):
         assert isinstance(recorder.wait(), Finished)
         assert tokens_of(recorder) == expected(engine, job)
@@ -73,33 +88,47 @@ def test_seeded_rows_batch_together_and_keep_their_seeds():
 
 def test_a_job_with_other_settings_waits_for_the_batch_then_runs():
     engine = tiny_engine()
-    gate = threading.Event()
-    scheduler = Scheduler(PacedEngine(engine, delay=0.01, gate=gate), max_queue=8, max_batch=4)
-    greedy, sampled, late_greedy = Job(PROMPTS[0], 15), Job(PROMPTS[1], 10, sampling=SAMPLED, seed=3), Job(PROMPTS[2], 8)
-    recorders = [Recorder(), Recorder(), Recorder()]
-    scheduler.submit(greedy, recorders[0])
-    _wait_until(lambda: scheduler.active == 1)
-    scheduler.submit(sampled, recorders[1])  # at the head of the queue: it does not agree with the greedy batch
-    scheduler.submit(late_greedy, recorders[2])  # agrees, but may not pass the sampled job
-    gate.set()
+    scheduler, _, release = with_a_held_first_job(engine, delay=0.01)
+    greedy, other_greedy = Job(PROMPTS[0], 15), Job(PROMPTS[2], 6)
+    sampled, late_greedy = Job(PROMPTS[1], 10, sampling=SAMPLED, seed=3), Job(PROMPTS[2], 8)
+    order = []  # (job, event kind) in the order events arrived, across jobs
+
+    class Logged(Recorder):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def __call__(self, event):
+            order.append((self.name, type(event).__name__))
+            super().__call__(event)
+    recorders = [Logged("greedy"), Logged("other"), Logged("sampled"), Logged("late")]
+    scheduler.submit(greedy, recorders[0])  # joins the held job's batch
+    scheduler.submit(other_greedy, recorders[1])
+    scheduler.submit(sampled, recorders[2])  # at the head of the queue next: it does not agree with the greedy batch
+    scheduler.submit(late_greedy, recorders[3])  # agrees with the batch, but may not pass the sampled job
+    release()
     order = []
     for recorder in recorders:
         recorder.wait()
         order.append(recorder)
     assert all(isinstance(r.events[-1], Finished) for r in recorders)
     assert scheduler.depth == 0
-    for job, recorder in zip([greedy, sampled, late_greedy], recorders):
+    # the late greedy job, though it agrees with the first batch, did not pass the sampled one queued before it
+    assert order.index(("sampled", "Finished")) < order.index(("late", "Piece"))
+    assert order.index(("greedy", "Piece")) < order.index(("sampled", "Piece"))
+    for job, recorder in zip([greedy, other_greedy, sampled, late_greedy], recorders):
         assert tokens_of(recorder) == expected(engine, job)
     scheduler.close(grace_s=5)
 
 
 def test_a_cancelled_row_leaves_at_the_next_step_and_the_others_finish():
     engine = tiny_engine()
-    scheduler = Scheduler(PacedEngine(engine, delay=0.02), max_queue=8, max_batch=4)
+    scheduler, _, release = with_a_held_first_job(engine)
     long_job, other = Job(PROMPTS[0], 300), Job(PROMPTS[1], 30)
     cancelled, kept = Recorder(), Recorder()
     ticket = scheduler.submit(long_job, cancelled)
     scheduler.submit(other, kept)
+    release()
     _wait_until(lambda: scheduler.active == 2 and tokens_of(cancelled))
     ticket.cancel()
     end = cancelled.wait()
@@ -111,9 +140,8 @@ def test_a_cancelled_row_leaves_at_the_next_step_and_the_others_finish():
 
 
 def test_the_queue_bound_counts_the_batchs_free_rows():
-    gate = threading.Event()
-    scheduler = Scheduler(PacedEngine(tiny_engine(), gate=gate), max_queue=1, max_batch=2)
-    recorders = [Recorder() for _ in range(3)]
+    scheduler, first, release = with_a_held_first_job(tiny_engine(), max_queue=1, max_batch=2)
+    recorders = [Recorder() for _ in range(2)]
     for recorder in recorders:  # one decoding (held at the gate), one for the free row, one waiting
         scheduler.submit(Job(PROMPTS[0], 4), recorder)
     try:
@@ -121,6 +149,6 @@ def test_the_queue_bound_counts_the_batchs_free_rows():
         raise AssertionError("a fourth job was accepted")
     except APIError as refused:
         assert refused.status == 429
-    gate.set()
-    assert all(isinstance(recorder.wait(), Finished) for recorder in recorders)
+    release()
+    assert all(isinstance(recorder.wait(), Finished) for recorder in [first, *recorders])
     scheduler.close(grace_s=5)

