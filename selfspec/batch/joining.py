@@ -32,13 +32,16 @@ class RowRequest:
 @dataclass(frozen=True)
 class RowFinished:
     index: int
-    stats: GenerationStats  # the row's own stats, as `generate` reports them
+    stats: GenerationStats | None  # the row's own stats, as `generate` reports them (None: refused)
+    error: ValueError | None = None  # why the row was refused before it decoded (a prompt past the context, ...)
 
 
 class JoiningBatch:
     """Rows of one sampling setting and draft length. `steps(first, admit)` decodes `first`, calls `admit()` before
     every step for more rows, and yields per target forward (emitted [(index, tokens)], finished [RowFinished]) until
-    no row is left; `end(index)` stops a row between steps (it is not reported as finished). seeded: whether sampled
+    no row is left; `end(index)` stops a row between steps (it is not reported as finished). A request the batch
+    cannot take (a prompt past the context, a seed where the batch has none) is reported finished with its error, and
+    the others decode. seeded: whether sampled
     rows carry seeds (all of them, or none: the batch verifies keyed rows all at once, unseeded rows one by one)."""
 
     def __init__(self, spec, sampling: SamplingConfig, num_draft_tokens: int | str = "auto", seeded: bool = False):
@@ -63,19 +66,33 @@ class JoiningBatch:
 
         drafter = batch_drafter if batch_drafter is not None else drafters[0]  # (every row's: `_row_drafters`)
 
+        refused = []  # (a request the batch cannot take fails alone; the others decode)
+
         def rows_for(requests: list[RowRequest]) -> list:
-            rows = [self._row(request, drafter, clock) for request in requests]
+            rows = []
+            for request in requests:
+                try:
+                    rows.append(self._row(request, drafter, clock))
+                except ValueError as err:
+                    refused.append(RowFinished(request.index, None, err))
             self._rows.update((row.index, row) for row in rows)
             return rows
 
         total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
-        pieces = _decode_batch(target, rows_for(first), self.options.sampling, clock, total,
+        initial = rows_for(first)
+        if not initial:
+            yield [], refused
+            return
+        pieces = _decode_batch(target, initial, self.options.sampling, clock, total,
                                _batch_planner(spec, self.options), batch_drafter, admit=lambda: rows_for(admit()))
         for emitted in spec.engine_steps(pieces):
             finished = [RowFinished(index, row.recorder.stats) for index, row in self._rows.items() if row.stop.done]
             for done in finished:
                 del self._rows[done.index]
-            yield emitted, finished
+            yield emitted, refused + finished
+            refused.clear()
+        if refused:  # (refused while joining the last step)
+            yield [], list(refused)
 
     def _row(self, request: RowRequest, drafter, clock):
         target = self.spec.target

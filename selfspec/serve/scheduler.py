@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from selfspec.batch.joining import JoiningBatch, RowRequest
 from selfspec.sampling import SamplingConfig
-from selfspec.serve.errors import APIError, internal, queue_full, unavailable
+from selfspec.serve.errors import APIError, bad_request, internal, queue_full, unavailable
 from selfspec.streaming import TextDecoder
 
 log = logging.getLogger("selfspec.serve")
@@ -271,6 +271,9 @@ class Scheduler:
                 if state is None:
                     continue
                 self._leave(done.index)
+                if done.error is not None:  # (refused alone; the batch goes on)
+                    state.ticket.end(Failed(bad_request(str(done.error))))
+                    continue
                 rest = state.decoder.flush()
                 if rest:
                     state.ticket.send(Piece([], rest))

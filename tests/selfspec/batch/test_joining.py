@@ -65,8 +65,31 @@ def test_seeded_rows_joining_equal_each_prompt_alone_with_its_seed():
         alone = spec.generate(torch.tensor(request.prompt_ids), max_new_tokens=20, num_draft_tokens=2,
                               do_sample=True, temperature=0.8, seed=request.seed).sequences[0, len(request.prompt_ids):]
         assert tokens[request.index] == alone.tolist()
-    with pytest.raises(ValueError, match="without a seed"):
-        next(JoiningBatch(spec, SEEDED, seeded=True).steps([RowRequest(0, prompts[0].tolist(), 4)], list))
+    emitted, refused = next(JoiningBatch(spec, SEEDED, seeded=True).steps([RowRequest(0, prompts[0].tolist(), 4)], list))
+    assert not emitted and "without a seed" in str(refused[0].error)  # (refused alone, with the reason)
+
+
+def test_a_request_the_batch_cannot_take_fails_alone():
+    spec = engine("llama", "ngram")
+    prompts = prompts_of_different_lengths()
+    too_long = RowRequest(1, prompts[1].tolist(), spec.target.max_positions)  # prompt + budget past the context
+    requests = [RowRequest(0, prompts[0].tolist(), 10), too_long, RowRequest(2, prompts[2].tolist(), 10)]
+    batch = JoiningBatch(spec, SamplingConfig(), num_draft_tokens=2)
+    admitted, errors, finished_ok = [], {}, set()
+
+    def admit():
+        pending = [r for r in requests[1:] if r.index not in admitted]
+        admitted.extend(r.index for r in pending)
+        return pending
+    for _, finished in batch.steps(requests[:1], admit):
+        for row in finished:
+            if row.error is not None:
+                errors[row.index] = row.error
+            else:
+                finished_ok.add(row.index)
+    assert set(errors) == {1} and "context window" in str(errors[1]) and finished_ok == {0, 2}
+    only_refused = list(JoiningBatch(spec, SamplingConfig()).steps([too_long], list))
+    assert len(only_refused) == 1 and only_refused[0][1][0].error is not None
 
 
 def test_a_row_ended_between_steps_stops_and_the_others_go_on():

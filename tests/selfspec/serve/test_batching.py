@@ -152,3 +152,17 @@ def test_the_queue_bound_counts_the_batchs_free_rows():
     release()
     assert all(isinstance(recorder.wait(), Finished) for recorder in [first, *recorders])
     scheduler.close(grace_s=5)
+
+
+def test_a_job_the_batch_cannot_take_fails_alone_with_a_400():
+    engine = tiny_engine()
+    scheduler, first, release = with_a_held_first_job(engine)
+    refused, kept = Recorder(), Recorder()
+    scheduler.submit(Job(PROMPTS[0], engine.target.max_positions), refused)  # prompt + budget past the context
+    scheduler.submit(Job(PROMPTS[1], 6), kept)
+    release()
+    end = refused.wait()
+    assert isinstance(end, Failed) and end.error.status == 400 and "context window" in end.error.message
+    assert isinstance(kept.wait(), Finished) and isinstance(first.wait(), Finished)
+    assert tokens_of(kept) == expected(engine, Job(PROMPTS[1], 6))
+    scheduler.close(grace_s=5)
