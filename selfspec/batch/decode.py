@@ -314,10 +314,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     verified = torch.cat([hidden_all[r, :n] for r, n in enumerate(sizes)])  # [sum(k_r + 1), hidden], no padding
     logits = target.logits(verified)  # [sum(k_r + 1), vocab]
     verify_seconds = clock.tick() - verify_started
-    if rows[0].sampler.by_equality:  # (every row keyed, or none: _row_noises)
-        verdicts, probes, new_tokens = _chain_verdicts(rows, drafts, probe_drafts, logits, sizes, sampling)
-    else:
-        verdicts, probes, new_tokens = _sampled_verdicts(rows, drafts, probe_drafts, logits.split(sizes), sampling)
+    verdicts, probes, new_tokens = _verdicts(rows, drafts, probe_drafts, logits, sizes)
     cache.commit(torch.tensor([v.num_accepted + 1 for v in verdicts]))  # keep pending + accepted; drop the rest
     emitted = []
     for r, (row, draft, verdict, tokens) in enumerate(zip(rows, drafts, verdicts, new_tokens)):
@@ -331,20 +328,46 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     return drafts, verdicts, probes, emitted, verify_seconds, prefilled is None
 
 
-def _chain_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, logits: torch.Tensor, sizes: list[int],
-                    sampling: SamplingConfig) -> tuple[list[Verdict], list, list[list[int]]]:
+def _verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, logits: torch.Tensor, sizes: list[int]
+              ) -> tuple[list[Verdict], list, list[list[int]]]:
+    """Every row's verdict by its own sampler: rows verified by equality (greedy, keyed) all at once
+    (`_chain_verdicts`), unseeded sampled rows one by one (`_sampled_verdicts`); in row order."""
+    equal = [r for r, row in enumerate(rows) if row.sampler.by_equality]
+    if len(equal) == len(rows):
+        return _chain_verdicts(rows, drafts, probe_drafts, logits, sizes)
+    blocks = logits.split(sizes)
+    if not equal:
+        return _sampled_verdicts(rows, drafts, probe_drafts, blocks)
+    others = [r for r in range(len(rows)) if r not in equal]
+    pick = lambda items, which: [items[r] for r in which]  # noqa: E731
+    by_row = {}
+    chained = _chain_verdicts(pick(rows, equal), pick(drafts, equal), pick(probe_drafts, equal),
+                              torch.cat(pick(blocks, equal)), pick(sizes, equal))
+    sampled = _sampled_verdicts(pick(rows, others), pick(drafts, others), pick(probe_drafts, others),
+                                pick(blocks, others))
+    for which, results in ((equal, chained), (others, sampled)):
+        for i, r in enumerate(which):
+            by_row[r] = tuple(part[i] for part in results)
+    return tuple([by_row[r][part] for r in range(len(rows))] for part in range(3))
+
+
+def _chain_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, logits: torch.Tensor, sizes: list[int]
+                    ) -> tuple[list[Verdict], list, list[list[int]]]:
     """Greedy or seeded: every row's verdict from one batched call (`verdicts.chain_verdicts`) and ONE host read.
     logits: [sum(k_r + 1), vocab], row r's k_r + 1 places one after another (unpadded: a padded copy of the logits
     cost more than the verdicts). Returns (verdicts, probes: per row None or whether its probe scored in shadow would
     have been accepted (it equals the next token, as `verify_step.score_probe` scores it), each row's new tokens:
     accepted drafts, then the next token)."""
     device = logits.device
-    if sampling.greedy:
+    configs = {row.sampler.config for row in rows}
+    if all(row.sampler.mode == "greedy" for row in rows):
         target_tokens = greedy_tokens(logits)  # [sum(k_r + 1)] every place's argmax
-    else:  # every place's keyed draw at its row's sequence position (row r's first place decides num_tokens_r)
-        gumbel = torch.stack([row.sampler.noise.gumbel(position) for row, size in zip(rows, sizes)
-                              for position in range(row.num_tokens, row.num_tokens + size)])  # [sum(k_r + 1), vocab]
-        target_tokens = keyed_draws(logits, sampling, gumbel)
+    elif len(configs) == 1 and all(row.sampler.mode == "keyed" for row in rows):
+        target_tokens = _keyed_places(rows, sizes, logits, configs.pop())
+    else:  # rows of several settings: each row's places by its own
+        target_tokens = torch.cat([greedy_tokens(block) if row.sampler.mode == "greedy"
+                                   else _keyed_places([row], [size], block, row.sampler.config)
+                                   for row, size, block in zip(rows, sizes, logits.split(sizes))])
     starts = [sum(sizes[:r]) for r in range(len(sizes))]
     places = torch.tensor([[start + min(i, size - 1) for i in range(max(sizes))] for start, size in zip(starts, sizes)],
                           device=device)  # [B, k + 1] each place's row of logits (a padded place repeats the last)
@@ -363,8 +386,15 @@ def _chain_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, l
             [v[1 : v[0] + 2] for v in read])
 
 
-def _sampled_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, target_logits: tuple,
-                      sampling: SamplingConfig) -> tuple[list[Verdict], list, list[list[int]]]:
+def _keyed_places(rows: list[_Row], sizes: list[int], logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Every place's keyed draw at its row's sequence position (row r's first place decides num_tokens_r)."""
+    gumbel = torch.stack([row.sampler.noise.gumbel(position) for row, size in zip(rows, sizes)
+                          for position in range(row.num_tokens, row.num_tokens + size)])  # [sum(k_r + 1), vocab]
+    return keyed_draws(logits, config, gumbel)
+
+
+def _sampled_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, target_logits: tuple
+                      ) -> tuple[list[Verdict], list, list[list[int]]]:
     """Sampling without a seed: row by row with the eager verifier (`verify_step.verify`, `score_probe`), each row's
     generator (or torch's) drawn in row order. target_logits: per row [k_r + 1, vocab]. Returns as `_chain_verdicts`."""
     verdicts, probes, new_tokens = [], [], []

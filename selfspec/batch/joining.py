@@ -1,6 +1,5 @@
 """A batch that rows join and leave between steps (continuous batching: what `selfspec serve` runs). Each row is a
-prompt with its own budget, seed and stop strings; the rows share the batch's sampling settings and draft length
-(a server batches together the requests that agree on them). A joining row's prompt is prefilled in a forward of its
+prompt with its own budget, sampling settings, seed and stop strings; the rows share the batch's draft length. A joining row's prompt is prefilled in a forward of its
 own, then the row steps with the others (`decode.py`'s step, `RaggedCache.join`); a row that finishes, or that the
 caller ends, leaves. Each row decodes as if alone (`decode.py`), so greedy and seeded rows give `generate`'s tokens
 for the same prompt and arguments. Knows the batch's rows; nothing about requests, threads or HTTP.
@@ -27,6 +26,7 @@ class RowRequest:
     max_new_tokens: int
     seed: int | None = None  # sampling with a seed: the row's draws keyed by it, as `generate(seed=...)` alone
     stop_strings: tuple[str, ...] = ()
+    sampling: SamplingConfig | None = None  # the row's own settings (None: the batch's)
 
 
 @dataclass(frozen=True)
@@ -37,17 +37,16 @@ class RowFinished:
 
 
 class JoiningBatch:
-    """Rows of one sampling setting and draft length. `steps(first, admit)` decodes `first`, calls `admit()` before
-    every step for more rows, and yields per target forward (emitted [(index, tokens)], finished [RowFinished]) until
-    no row is left; `end(index)` stops a row between steps (it is not reported as finished). A request the batch
-    cannot take (a prompt past the context, a seed where the batch has none) is reported finished with its error, and
-    the others decode. seeded: whether sampled
-    rows carry seeds (all of them, or none: the batch verifies keyed rows all at once, unseeded rows one by one)."""
+    """Rows of one draft length, each with its own sampling settings. `steps(first, admit)` decodes `first`, calls
+    `admit()` before every step for more rows, and yields per target forward (emitted [(index, tokens)], finished
+    [RowFinished]) until no row is left; `end(index)` stops a row between steps (it is not reported as finished). A
+    request the batch cannot take (a prompt past the context) is reported finished with its error, and the others
+    decode. sampling: the rows' settings where a request names none."""
 
-    def __init__(self, spec, sampling: SamplingConfig, num_draft_tokens: int | str = "auto", seeded: bool = False):
+    def __init__(self, spec, sampling: SamplingConfig = SamplingConfig(), num_draft_tokens: int | str = "auto"):
         from selfspec.engine import DecodeOptions
 
-        self.spec, self.seeded = spec, seeded and sampling.do_sample
+        self.spec = spec
         self.options = DecodeOptions(1, sampling, num_draft_tokens)  # (each row's budget and seed are its own)
         _check_batch_support(spec, self.options)
         self._rows = {}  # index -> the row, while it decodes
@@ -96,14 +95,12 @@ class JoiningBatch:
 
     def _row(self, request: RowRequest, drafter, clock):
         target = self.spec.target
-        if self.options.sampling.do_sample and (request.seed is not None) != self.seeded:
-            raise ValueError(f"row {request.index}: a batch of {'seeded' if self.seeded else 'unseeded'} sampled rows "
-                             f"cannot take one {'without' if self.seeded else 'with'} a seed")
         prompt = torch.as_tensor(request.prompt_ids, dtype=torch.long, device=target.device)
         if prompt.dim() != 1 or not prompt.numel():
             raise ValueError(f"row {request.index}: expected a non-empty list of token ids")
         check_lengths(prompt.shape[0], request.max_new_tokens, target.max_positions)
         options = replace(self.options, max_new_tokens=request.max_new_tokens, seed=request.seed,
-                          stop_strings=list(request.stop_strings) or None)
-        noise = keyed_noise(request.seed, None, target.vocab_size, target.device) if self.seeded else None
+                          stop_strings=list(request.stop_strings) or None,
+                          sampling=request.sampling or self.options.sampling)
+        noise = keyed_noise(request.seed, None, target.vocab_size, target.device)  # (greedy: never read)
         return _new_row(self.spec, request.index, prompt, options, drafter, noise, clock)

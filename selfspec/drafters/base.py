@@ -215,11 +215,21 @@ def draw_rows(logits: torch.Tensor, contexts: list[DraftContext], draft_vocab: t
     """A batch's drafting rows: [D, N] logits, one context per row -> ([D] tokens, [D, vocab] draft_probs or None when
     greedy), each row drawn with its own context and generator, as it draws alone. Greedy draws use no generator: one
     argmax serves all rows."""
-    if contexts[0].sampling.greedy:
+    if all(context.sampling.greedy for context in contexts):
         return draw_draft(logits, contexts[0], draft_vocab)
     depths = [depth] * len(contexts) if isinstance(depth, int) else list(depth)  # each row's draft depth
     drawn = [draw_draft(logits[i : i + 1], context, draft_vocab, depths[i]) for i, context in enumerate(contexts)]
-    return torch.cat([token for token, _ in drawn]), torch.cat([probs for _, probs in drawn])
+    sampled = next(probs for _, probs in drawn if probs is not None)
+    # (a greedy row beside sampled ones: its draft is a point mass the verifier never reads; its row of draft_probs is
+    # the plain softmax its confidence is read from alone, `top_probability`)
+    probs = [p if p is not None else _plain_probs(logits[i : i + 1], draft_vocab, contexts[i]).to(sampled.dtype)
+             for i, (_, p) in enumerate(drawn)]
+    return torch.cat([token for token, _ in drawn]), torch.cat(probs)
+
+
+def _plain_probs(logits: torch.Tensor, draft_vocab: torch.Tensor | None, context: DraftContext) -> torch.Tensor:
+    probs = logits.float().softmax(dim=-1)
+    return probs if draft_vocab is None else full_vocab_probs(probs, draft_vocab, context.target.vocab_size)
 
 
 def confident_rows(logits: torch.Tensor, probs: torch.Tensor | None, min_draft_confidence: float) -> list[bool]:

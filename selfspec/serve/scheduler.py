@@ -1,10 +1,8 @@
 """Who decodes which request, and when: one worker thread decodes the accepted jobs in continuous batches. It takes
-the oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs that
-agree with the batch on their sampling settings (and, sampled, on having a seed or not) join it, oldest first, up to
-`max_batch` rows; finished or cancelled rows leave after the step they end in. (A batch of one decodes about as fast
-as `SelfSpecModel.stream`: SmolLM2, 64 tokens, 57-70 against 59-70 tokens/s.) A job that does not agree waits at the
-head of the queue, and while it waits nothing more joins, so the batch drains and that job starts the next one (no
-request is passed over for long). Every row decodes as if alone, so a request's tokens are exactly those `generate`
+the oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs join
+it, oldest first, up to `max_batch` rows, each with its own sampling settings and seed; finished or cancelled rows
+leave after the step they end in (a batch of one decodes about as fast as `SelfSpecModel.stream`: SmolLM2, 64
+tokens, 57-70 against 59-70 tokens/s). Every row decodes as if alone, so a request's tokens are exactly those `generate`
 returns for the same prompt and arguments (greedy or seeded), whatever else the server is doing. `max_batch=1`
 decodes one request at a time through `SelfSpecModel.stream`, as does an engine the batch cannot take (tree drafts
 asked for explicitly, a drafter whose drafts share work).
@@ -43,14 +41,13 @@ class Job:
     num_draft_tokens: int | str = "auto"
 
     def batch_key(self) -> tuple:
-        """Jobs with equal keys can decode in one batch: the same sampling settings and draft length (greedy ignores
-        the warpers and the seed), and, sampled, a seed for every row or for none."""
-        if not self.sampling.get("do_sample"):
-            return ("greedy", self.num_draft_tokens)
-        return ("sampled", tuple(sorted(self.sampling.items())), self.seed is None, self.num_draft_tokens)
+        """Jobs with equal keys can decode in one batch: the same draft length (each row keeps its own sampling
+        settings and seed)."""
+        return (self.num_draft_tokens,)
 
     def row_request(self, index: int) -> RowRequest:
-        return RowRequest(index, list(self.prompt_ids), self.max_new_tokens, self.seed, tuple(self.stop_strings))
+        return RowRequest(index, list(self.prompt_ids), self.max_new_tokens, self.seed, tuple(self.stop_strings),
+                          SamplingConfig(**self.sampling))
 
     def generate_kwargs(self) -> dict:
         """What `generate(self.prompt_ids, **kwargs)` (or `stream`) takes to decode this job."""
@@ -232,8 +229,7 @@ class Scheduler:
         """A continuous batch started by this job: agreeing jobs join before each step, rows leave as they end."""
         job, key = ticket.job, ticket.job.batch_key()
         try:
-            batch = JoiningBatch(self.engine, SamplingConfig(**job.sampling), job.num_draft_tokens,
-                                 seeded=job.seed is not None)
+            batch = JoiningBatch(self.engine, SamplingConfig(**job.sampling), job.num_draft_tokens)
         except NotImplementedError as err:  # an engine a batch cannot take: one job at a time from now on
             log.warning("decoding requests one at a time: %s", err)
             self.max_batch = 1

@@ -58,15 +58,35 @@ def test_seeded_rows_joining_equal_each_prompt_alone_with_its_seed():
     spec = engine("llama", "ngram")
     prompts = prompts_of_different_lengths()
     requests = [RowRequest(i, p.tolist(), 20, seed=100 + i) for i, p in enumerate(prompts)]
-    batch = JoiningBatch(spec, SEEDED, num_draft_tokens=2, seeded=True)
+    batch = JoiningBatch(spec, SEEDED, num_draft_tokens=2)
     tokens, stats, widest = run(batch, requests, joins={1: [1, 3], 4: [2]})
     assert widest >= 3
     for request in requests:
         alone = spec.generate(torch.tensor(request.prompt_ids), max_new_tokens=20, num_draft_tokens=2,
                               do_sample=True, temperature=0.8, seed=request.seed).sequences[0, len(request.prompt_ids):]
         assert tokens[request.index] == alone.tolist()
-    emitted, refused = next(JoiningBatch(spec, SEEDED, seeded=True).steps([RowRequest(0, prompts[0].tolist(), 4)], list))
-    assert not emitted and "without a seed" in str(refused[0].error)  # (refused alone, with the reason)
+
+
+@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+def test_rows_of_different_settings_share_a_batch_and_each_decodes_as_alone(drafter):
+    """Greedy, seeded at two temperatures (one with top-p) and unseeded rows in one batch: the greedy and seeded rows
+    are their prompts' tokens alone (the unseeded one only has to decode: its law is the sampled law tests')."""
+    spec = engine("llama", drafter)
+    prompts = prompts_of_different_lengths()
+    hot = SamplingConfig(do_sample=True, temperature=1.3, top_p=0.9)
+    requests = [RowRequest(0, prompts[0].tolist(), 40), RowRequest(1, prompts[1].tolist(), 40, seed=7, sampling=SEEDED),
+                RowRequest(2, prompts[2].tolist(), 40, seed=8, sampling=hot),
+                RowRequest(3, prompts[3].tolist(), 40, sampling=SEEDED)]  # (no seed: rejection sampling)
+    tokens, stats, widest = run(JoiningBatch(spec, num_draft_tokens=3), requests, joins={1: [2], 3: [3]})
+    assert widest >= 3 and len(tokens[3]) == 40
+    for request in requests[:3]:
+        options = dict(max_new_tokens=40, num_draft_tokens=3)
+        if request.sampling is not None:
+            options.update(do_sample=True, temperature=request.sampling.temperature, top_p=request.sampling.top_p,
+                           seed=request.seed)
+        alone = spec.generate(torch.tensor(request.prompt_ids), **options).sequences[0, len(request.prompt_ids):]
+        assert tokens[request.index] == alone.tolist(), request.index
+    assert_exercised([stats[i] for i in range(3)], what=f"{drafter} rows of different settings")
 
 
 def test_a_request_the_batch_cannot_take_fails_alone():
