@@ -245,9 +245,8 @@ def _add_serve(commands) -> None:
                       "default: %(default)s (a small model on a CPU takes seconds per answer: a longer queue only "
                       "turns a quick 429 into a client's timeout)")
     http.add_argument("--max-batch", type=_int_at_least(1), default=defaults.max_batch, metavar="N",
-                      help="requests decoded together in one continuous batch (they join and leave between steps; "
-                      "those with other sampling settings wait for the batch to drain); 1: one at a time; default: "
-                      "%(default)s")
+                      help="requests decoded together in one continuous batch (they join and leave between steps, "
+                      "each with its own sampling settings and seed); 1: one at a time; default: %(default)s")
     http.add_argument("--max-body-bytes", type=_int_at_least(1), default=defaults.max_body_bytes, metavar="N",
                       help="largest request body (413 beyond); default: %(default)s, 1 MiB, more than any supported "
                       "context window of text")

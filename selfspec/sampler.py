@@ -23,8 +23,6 @@ from selfspec.seeded import PositionNoise, keyed_noise
 from selfspec.tree.verifier import verify_tree_greedy, verify_tree_keyed, verify_tree_sampled
 from selfspec.verifier import Verdict, verify_greedy, verify_keyed, verify_sampled
 
-MODES = ("greedy", "keyed", "rejection")
-
 
 @dataclass(frozen=True)
 class Sampler:

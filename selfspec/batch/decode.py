@@ -121,7 +121,7 @@ def start_batch(spec, prompts_in, options) -> tuple[list[torch.Tensor], Iterator
     rows = [_new_row(spec, index, prompt, options, drafter, noise, clock)
             for index, (prompt, drafter, noise) in enumerate(zip(prompts, drafters, noises))]
     total = GenerationStats(drafter_parameter_bytes=spec.drafter_bytes())
-    pieces = _decode_batch(target, rows, options.sampling, clock, total, _batch_planner(spec, options), batch_drafter)
+    pieces = _decode_batch(target, rows, clock, total, _batch_planner(spec, options), batch_drafter)
     return prompts, spec.engine_steps(pieces), [row.recorder.stats for row in rows], total
 
 
@@ -167,8 +167,8 @@ def stream_batch(spec, prompts_in, options) -> BatchTokenStream:
 
 
 @torch.inference_mode()
-def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock, total: GenerationStats,
-                  planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None, admit=None):
+def _decode_batch(target, rows: list[_Row], clock: _StepClock, total: GenerationStats, planner: BatchDraftLength | None,
+                  batch_drafter: BatchDrafter | None, admit=None):
     """Prefill every row, then steps of propose -> one verify forward -> every row's verdict -> commit -> feed back,
     until every row stopped. Yields once per target forward [(row index, tokens it committed), ...]; a row that
     committed nothing emittable is left out. Fills `total` once, at the end. planner: the batch's draft width (None:
@@ -180,7 +180,7 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
     started = clock.tick()
     for row in rows:
         row.recorder.start()
-    cache, emitted = _prefill(target, rows, sampling)
+    cache, emitted = _prefill(target, rows)
     rows = _drop_finished(rows, cache, batch_drafter)
     prefill_seconds, decode_seconds, forwards, peak = clock.tick() - started, 0.0, 1, cache.nbytes()
     for row in all_rows:
@@ -189,9 +189,9 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
     while rows:
         joining = admit() if admit is not None else []
         if joining:
-            emitted = _join(target, cache, joining, sampling, clock, batch_drafter)
+            emitted = _join(target, cache, joining, clock, batch_drafter)
             rows, all_rows = rows + joining, all_rows + joining
-            rows = _drop_finished(rows, cache, batch_drafter)
+            rows = _drop_finished(rows, cache, batch_drafter)  # (before the peak: rows done at their prefill leave)
             forwards, peak = forwards + 1, max(peak, cache.nbytes())
             yield emitted
         rows = _drop_finished(rows, cache, batch_drafter)  # (rows ended between steps)
@@ -201,7 +201,7 @@ def _decode_batch(target, rows: list[_Row], sampling: SamplingConfig, clock: _St
         for row in rows:
             row.recorder.start()
         stepped = rows
-        drafts, verdicts, probes, emitted, verify_seconds, full_forward = _step(target, cache, rows, sampling, clock,
+        drafts, verdicts, probes, emitted, verify_seconds, full_forward = _step(target, cache, rows, clock,
                                                                                 planner, batch_drafter)
         rows = _drop_finished(rows, cache, batch_drafter)
         step_seconds = clock.tick() - started
@@ -236,12 +236,12 @@ def _new_row(spec, index: int, prompt: torch.Tensor, options, drafter, noise, cl
         strings = StopStrings(options.stop_strings, spec.tokenizer, prompt.tolist())
     buffer = prompt.new_empty(prompt.shape[0] + options.max_new_tokens)
     buffer[: prompt.shape[0]] = prompt
-    return _Row(index, prompt, buffer, StopCondition(options.max_new_tokens, spec._eos_ids(options.eos_token_id), strings),
-                _row_policy(spec, options), drafter, Sampler(options.sampling, noise=noise),
+    stop = StopCondition(options.max_new_tokens, spec._eos_ids(options.eos_token_id), strings)
+    return _Row(index, prompt, buffer, stop, _row_policy(spec, options), drafter, Sampler(options.sampling, noise=noise),
                 StatsRecorder(spec.drafter_bytes(drafter), clock))
 
 
-def _prefill(target, rows: list[_Row], sampling: SamplingConfig) -> tuple[RaggedCache, list[tuple[int, list[int]]]]:
+def _prefill(target, rows: list[_Row]) -> tuple[RaggedCache, list[tuple[int, list[int]]]]:
     """The rows' prompts into a new cache, then each row's first token, drawn as plain decoding draws it -> (the
     cache, what the rows emitted). All prompts in one forward (right-padded; the cache's mask keeps each row to its
     own prompt); where the engine's attention is ordered (int8 products, `attention_backends.py`), each prompt alone,
@@ -275,14 +275,14 @@ def _prefill(target, rows: list[_Row], sampling: SamplingConfig) -> tuple[Ragged
     return cache, emitted
 
 
-def _join(target, cache: RaggedCache, joining: list[_Row], sampling: SamplingConfig, clock: _StepClock,
+def _join(target, cache: RaggedCache, joining: list[_Row], clock: _StepClock,
           batch_drafter: BatchDrafter | None) -> list[tuple[int, list[int]]]:
     """Rows joining a running batch: their prompts in one forward of their own cache, then their rows appended to
     the batch's cache (and the batched drafter's). Returns what they emitted (each row's first token)."""
     clock.tick()
     for row in joining:
         row.recorder.start()
-    new_cache, emitted = _prefill(target, joining, sampling)
+    new_cache, emitted = _prefill(target, joining)
     clock.tick()
     for row in joining:
         row.recorder.prefilled(row.stop.num_emitted, new_cache.nbytes() // len(joining))
@@ -292,7 +292,7 @@ def _join(target, cache: RaggedCache, joining: list[_Row], sampling: SamplingCon
     return emitted
 
 
-def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig, clock: _StepClock,
+def _step(target, cache: RaggedCache, rows: list[_Row], clock: _StepClock,
           planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None):
     """One decode step for every row: each row's draft, one forward over the padded blocks [pending, *drafts], each
     row's verdict, its kept entries committed. Returns (drafts verified, verdicts, probes (per row: None, or whether
@@ -300,7 +300,7 @@ def _step(target, cache: RaggedCache, rows: list[_Row], sampling: SamplingConfig
     layer (not after early exit's drafted layers))."""
     for row in rows:
         row.buffer[row.num_tokens], row.num_tokens = row.next_token, row.num_tokens + 1  # pending: not in the cache
-    drafts = _propose(rows, _draft_lengths(rows, planner), sampling, target, cache, planner, batch_drafter)
+    drafts = _propose(rows, _draft_lengths(rows, planner), target, cache, planner, batch_drafter)
     prefilled = _prefilled(drafts)  # early exit: (its layers, [B, passes, hidden] exit states), before probes empty
     # A probe (the planner's, or seeded, a row policy's) is scored in shadow, as decoding alone scores it: that row's
     # block is its pending token only; `drafts` then holds what each row verifies.
@@ -340,15 +340,15 @@ def _verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, logits:
         return _sampled_verdicts(rows, drafts, probe_drafts, blocks)
     others = [r for r in range(len(rows)) if r not in equal]
     pick = lambda items, which: [items[r] for r in which]  # noqa: E731
-    by_row = {}
-    chained = _chain_verdicts(pick(rows, equal), pick(drafts, equal), pick(probe_drafts, equal),
-                              torch.cat(pick(blocks, equal)), pick(sizes, equal))
-    sampled = _sampled_verdicts(pick(rows, others), pick(drafts, others), pick(probe_drafts, others),
-                                pick(blocks, others))
-    for which, results in ((equal, chained), (others, sampled)):
-        for i, r in enumerate(which):
-            by_row[r] = tuple(part[i] for part in results)
-    return tuple([by_row[r][part] for r in range(len(rows))] for part in range(3))
+    merged = [[None] * len(rows) for _ in range(3)]  # verdicts, probes, new tokens; in row order
+    for which, results in ((equal, _chain_verdicts(pick(rows, equal), pick(drafts, equal), pick(probe_drafts, equal),
+                                                   torch.cat(pick(blocks, equal)), pick(sizes, equal))),
+                           (others, _sampled_verdicts(pick(rows, others), pick(drafts, others),
+                                                      pick(probe_drafts, others), pick(blocks, others)))):
+        for part, values in zip(merged, results):
+            for r, value in zip(which, values):
+                part[r] = value
+    return tuple(merged)
 
 
 def _chain_verdicts(rows: list[_Row], drafts: list[Draft], probe_drafts: list, logits: torch.Tensor, sizes: list[int]
@@ -424,7 +424,7 @@ def _draft_lengths(rows: list[_Row], planner: BatchDraftLength | None) -> list[i
     return [row.asked for row in rows]
 
 
-def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, cache: RaggedCache,
+def _propose(rows: list[_Row], ks: list[int], target, cache: RaggedCache,
              planner: BatchDraftLength | None, batch_drafter: BatchDrafter | None) -> list[Draft]:
     """Each row's draft of up to k_r tokens: all rows in one batched proposal (a row asked for none catches up on its
     states all the same), else from the one drafter every row shares, for the rows asked (a row asked for none is not
@@ -434,14 +434,14 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, 
     if batch_drafter is not None and asked:
         # (a probe that prefilling drafts answer in shadow, as alone: early exit skips the probe token's pass)
         probe_asks = [probe_asked(planner if planner is not None else row.policy, k) for row, k in zip(rows, ks)]
-        contexts = [_context(row, k, sampling, target, cache, probe) for row, k, probe in zip(rows, ks, probe_asks)]
+        contexts = [_context(row, k, target, cache, probe) for row, k, probe in zip(rows, ks, probe_asks)]
         drafts = batch_drafter.propose(contexts)
         check_drafts(drafts, contexts, batch_drafter)
         return drafts
     drafts = [Draft.empty(row.buffer.device) for row in rows]
     if not asked:
         return drafts
-    contexts = [_context(rows[r], ks[r], sampling, target) for r in asked]  # (no cache: they propose row by row)
+    contexts = [_context(rows[r], ks[r], target) for r in asked]  # (no cache: they propose row by row)
     drafter = rows[0].drafter  # one drafter serves every row (`_row_drafters`)
     propose_rows = getattr(drafter, "propose_rows", None)
     proposed = propose_rows(contexts) if propose_rows is not None else [drafter.propose(c) for c in contexts]
@@ -454,7 +454,7 @@ def _propose(rows: list[_Row], ks: list[int], sampling: SamplingConfig, target, 
     return drafts
 
 
-def _context(row: _Row, k: int, sampling: SamplingConfig, target, cache: RaggedCache | None = None,
+def _context(row: _Row, k: int, target, cache: RaggedCache | None = None,
              probe: bool = False) -> DraftContext:
     """The row's draft context; it hands over every state the row's drafter has not seen. cache: the batch's (every
     row's), for a drafter proposing for all rows at once (early exit runs its first layers through it); None for one

@@ -1,8 +1,9 @@
 """A batch that rows join and leave between steps (continuous batching: what `selfspec serve` runs). Each row is a
-prompt with its own budget, sampling settings, seed and stop strings; the rows share the batch's draft length. A joining row's prompt is prefilled in a forward of its
-own, then the row steps with the others (`decode.py`'s step, `RaggedCache.join`); a row that finishes, or that the
-caller ends, leaves. Each row decodes as if alone (`decode.py`), so greedy and seeded rows give `generate`'s tokens
-for the same prompt and arguments. Knows the batch's rows; nothing about requests, threads or HTTP.
+prompt with its own budget, sampling settings, seed and stop strings; the rows share the batch's draft length. A
+joining row's prompt is prefilled in a forward of its own, then the row steps with the others (`decode.py`'s step,
+`RaggedCache.join`); a row that finishes, or that the caller ends, leaves. Each row decodes as if alone
+(`decode.py`), so greedy and seeded rows give `generate`'s tokens for the same prompt and arguments. Knows the
+batch's rows; nothing about requests, threads or HTTP.
 """
 from __future__ import annotations
 
@@ -82,8 +83,8 @@ class JoiningBatch:
         if not initial:
             yield [], refused
             return
-        pieces = _decode_batch(target, initial, self.options.sampling, clock, total,
-                               _batch_planner(spec, self.options), batch_drafter, admit=lambda: rows_for(admit()))
+        pieces = _decode_batch(target, initial, clock, total, _batch_planner(spec, self.options), batch_drafter,
+                               admit=lambda: rows_for(admit()))
         for emitted in spec.engine_steps(pieces):
             finished = [RowFinished(index, row.recorder.stats) for index, row in self._rows.items() if row.stop.done]
             for done in finished:

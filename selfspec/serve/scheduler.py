@@ -1,8 +1,9 @@
 """Who decodes which request, and when: one worker thread decodes the accepted jobs in continuous batches. It takes
 the oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs join
-it, oldest first, up to `max_batch` rows, each with its own sampling settings and seed; finished or cancelled rows
-leave after the step they end in (a batch of one decodes about as fast as `SelfSpecModel.stream`: SmolLM2, 64
-tokens, 57-70 against 59-70 tokens/s). Every row decodes as if alone, so a request's tokens are exactly those `generate`
+it, oldest first, up to `max_batch` rows, each with its own sampling settings and seed (a batch has one draft length:
+a job asking another waits at the head of the queue, nothing more joins, and it starts the next batch); finished or
+cancelled rows leave after the step they end in (a batch of one decodes about as fast as `SelfSpecModel.stream`:
+SmolLM2, 64 tokens, 57-70 against 59-70 tokens/s). Every row decodes as if alone, so a request's tokens are exactly those `generate`
 returns for the same prompt and arguments (greedy or seeded), whatever else the server is doing. `max_batch=1`
 decodes one request at a time through `SelfSpecModel.stream`, as does an engine the batch cannot take (tree drafts
 asked for explicitly, a drafter whose drafts share work).
@@ -39,11 +40,6 @@ class Job:
     seed: int | None = None
     stop_strings: tuple[str, ...] = ()
     num_draft_tokens: int | str = "auto"
-
-    def batch_key(self) -> tuple:
-        """Jobs with equal keys can decode in one batch: the same draft length (each row keeps its own sampling
-        settings and seed)."""
-        return (self.num_draft_tokens,)
 
     def row_request(self, index: int) -> RowRequest:
         return RowRequest(index, list(self.prompt_ids), self.max_new_tokens, self.seed, tuple(self.stop_strings),
@@ -226,10 +222,12 @@ class Scheduler:
         self._finish(ticket, stream.token_ids, stream.stats)
 
     def _decode_batch(self, index: int, ticket: Ticket) -> None:
-        """A continuous batch started by this job: agreeing jobs join before each step, rows leave as they end."""
-        job, key = ticket.job, ticket.job.batch_key()
-        try:
-            batch = JoiningBatch(self.engine, SamplingConfig(**job.sampling), job.num_draft_tokens)
+        """A continuous batch started by this job: waiting jobs of its draft length join before each step, oldest first
+        (one of another draft length, at the head of the queue, stops joining: the batch drains and it goes next); rows
+        leave as they end."""
+        job = ticket.job
+        try:  # (one draft length a batch; each row keeps its own sampling settings and seed)
+            batch = JoiningBatch(self.engine, num_draft_tokens=job.num_draft_tokens)
         except NotImplementedError as err:  # an engine a batch cannot take: one job at a time from now on
             log.warning("decoding requests one at a time: %s", err)
             self.max_batch = 1
@@ -247,7 +245,7 @@ class Scheduler:
             joining = []
             with self._cond:
                 while (self._waiting and len(self._running) < self.max_batch
-                       and self._waiting[0].job.batch_key() == key):
+                       and self._waiting[0].job.num_draft_tokens == job.num_draft_tokens):
                     row_index, joined = self._start(self._waiting.popleft())
                     rows[row_index] = _RowState(joined, TextDecoder(self.engine.tokenizer))
                     joining.append(joined.job.row_request(row_index))
