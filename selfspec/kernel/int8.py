@@ -17,8 +17,6 @@ from selfspec.kernel import few_row_linear
 # The int8 kernel's code paths, by the kernel's numbering; every one computes the same sums (bit for bit).
 INT8_PATHS = ("scalar", "avx2", "vnni")
 GROUP_ROWS = 8  # weight rows interleaved together (the kernel's GROUP_ROWS)
-# GGML type id -> (bytes of one block, float16 values that open it: d, and Q4_1's m), as quantized.py's tables
-_BLOCKS = {2: (18, 1), 3: (20, 2), 8: (34, 1)}
 
 
 def interleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -34,7 +32,10 @@ def deinterleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def _permuted(blocks: torch.Tensor, qtype: int, inverse: bool) -> torch.Tensor:
-    block_bytes, halves = _BLOCKS[qtype]
+    from selfspec.kernel.quantized import BLOCK_BYTES, TYPES  # (quantized.py imports this module)
+
+    block_bytes = BLOCK_BYTES[qtype]
+    halves = 2 if qtype == TYPES["Q4_1"] else 1  # float16 values opening a block: d, and Q4_1's m
     chunks = (block_bytes - 2 * halves) // 4
     n_rows, row_bytes = blocks.shape
     groups, per_row = n_rows // GROUP_ROWS, row_bytes // block_bytes

@@ -79,11 +79,6 @@ def path(request, needs_kernel):
     return request.param
 
 
-def test_the_layout_knows_the_same_blocks_as_the_kernel():
-    assert {qtype: size for qtype, (size, _) in int8._BLOCKS.items()} == q.BLOCK_BYTES
-    assert {qtype: halves for qtype, (_, halves) in int8._BLOCKS.items()} == {2: 1, 3: 2, 8: 1}  # d; Q4_1: d and m
-
-
 def test_the_cpu_has_the_expected_paths(needs_kernel):
     cpu = open("/proc/cpuinfo").read() if __import__("os").path.exists("/proc/cpuinfo") else ""
     assert int8.int8_paths()[0] == "scalar"
