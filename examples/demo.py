@@ -141,10 +141,9 @@ def main(argv=None) -> None:
     print("-" * 40 + " greedy answer " + "-" * 45)
     print(out.text)
     print("=" * 100)
-    from selfspec.kernel.backends import describe
+    from selfspec.kernel.backends import describe, rounds_activations
 
-    products = describe(model)  # (None: no kept blocks)
-    rounded = products is not None and "int8" in products  # activations rounded to int8: another function
+    rounded = rounds_activations(model)  # int8 products: the GGUF model's function, not the dequantized one's
     if spec_ids != off_ids:
         sys.exit(f"demo: drafting's tokens differ from speculation off's from token {first_difference(spec_ids, off_ids)}"
                  ". Greedy decoding must be exact: please report this.")
@@ -156,8 +155,8 @@ def main(argv=None) -> None:
         agree = first_difference(off_ids, plain_ids)
         same = "all identical" if off_ids == plain_ids else (f"the first {agree} identical, then a near-tie went "
                                                              "the other way")
-        print(f"Against the dequantized float32 model's generate: {same} ({products}; int8 rounds activations as "
-              "llama.cpp does; SELFSPEC_QUANTIZED_BACKEND=float gives that model's own tokens).")
+        print(f"Against the dequantized float32 model's generate: {same} ({describe(model)}; int8 rounds activations "
+              "as llama.cpp does; SELFSPEC_QUANTIZED_BACKEND=float gives that model's own tokens).")
     else:
         print("The same tokens as plain model.generate: identical (checked).")
     print()

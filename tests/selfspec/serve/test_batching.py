@@ -72,10 +72,10 @@ def test_jobs_arriving_while_others_decode_join_the_batch_and_answer_as_alone():
     assert sum(end.stats.drafted for end in ends) > 0  # (n-gram drafts on the repetitive prompts)
 
 
-def test_seeded_rows_batch_together_and_keep_their_seeds():
+def assert_batched_jobs_answer_as_alone(jobs: list[Job]) -> None:
+    """The jobs queue behind a held job and decode in continuous batches; each answers as `generate` alone."""
     engine = tiny_engine()
     scheduler, _, release = with_a_held_first_job(engine, delay=0.01)
-    jobs = [Job(p, 20, sampling=SAMPLED, seed=10 + i, num_draft_tokens=2) for i, p in enumerate(PROMPTS)]
     recorders = [Recorder() for _ in jobs]
     for job, recorder in zip(jobs, recorders):
         scheduler.submit(job, recorder)
@@ -84,21 +84,17 @@ def test_seeded_rows_batch_together_and_keep_their_seeds():
         assert isinstance(recorder.wait(), Finished)
         assert tokens_of(recorder) == expected(engine, job)
     scheduler.close(grace_s=5)
+
+
+def test_seeded_rows_batch_together_and_keep_their_seeds():
+    assert_batched_jobs_answer_as_alone([Job(p, 20, sampling=SAMPLED, seed=10 + i, num_draft_tokens=2)
+                                         for i, p in enumerate(PROMPTS)])
 
 
 def test_jobs_of_different_settings_share_the_batch_and_each_answers_as_alone():
-    engine = tiny_engine()
-    scheduler, _, release = with_a_held_first_job(engine, delay=0.01)
-    jobs = [Job(PROMPTS[0], 15), Job(PROMPTS[1], 10, sampling=SAMPLED, seed=3),
-            Job(PROMPTS[2], 8, sampling={**SAMPLED, "temperature": 1.4, "top_p": 0.8}, seed=9), Job(PROMPTS[3], 12)]
-    recorders = [Recorder() for _ in jobs]
-    for job, recorder in zip(jobs, recorders):  # all join the held job's batch at its first step
-        scheduler.submit(job, recorder)
-    release()
-    for job, recorder in zip(jobs, recorders):
-        assert isinstance(recorder.wait(), Finished)
-        assert tokens_of(recorder) == expected(engine, job)
-    scheduler.close(grace_s=5)
+    assert_batched_jobs_answer_as_alone([
+        Job(PROMPTS[0], 15), Job(PROMPTS[1], 10, sampling=SAMPLED, seed=3),
+        Job(PROMPTS[2], 8, sampling={**SAMPLED, "temperature": 1.4, "top_p": 0.8}, seed=9), Job(PROMPTS[3], 12)])
 
 
 def test_a_cancelled_row_leaves_at_the_next_step_and_the_others_finish():
