@@ -12,6 +12,7 @@ import torch
 
 from heads.checkpoint import lm_head_dtype, lm_head_shape
 from selfspec.cache import KVCache
+from selfspec.llama_forward import LlamaForward
 from selfspec.model_parts import ModelParts
 from selfspec.hf_compat import cache_arg
 
@@ -19,6 +20,8 @@ from selfspec.hf_compat import cache_arg
 # wrapped again (a wrapper per call, as the command line builds one) is not probed again; it was ~4 decodes of
 # SmolLM2 per wrap.
 _LOGITS_CHECKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# model -> (what its plain forward was built for, the LlamaForward or None): built and probed once per model.
+_PLAIN_FORWARDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class TargetModel:
@@ -52,6 +55,13 @@ class TargetModel:
         self._rows_for, self._rows = None, None  # the LM head restricted to a draft vocabulary (see logits)
         checked = (type(model), id(self.decoder), id(self.lm_head), self._softcap, self._scale, self._divide,
                    self.dtype, self.device)
+        # The decoder's forward in plain ops where the model is a plain Llama (llama_forward.py), else None: the
+        # decoder's own forward runs. Built before the logits check, which then checks it too.
+        decoder_key = (type(model), id(self.decoder), self.dtype, self.device)
+        built_for, self.plain_forward = _PLAIN_FORWARDS.get(model, (None, None))
+        if built_for != decoder_key:
+            self.plain_forward = LlamaForward.of(model)
+            _PLAIN_FORWARDS[model] = (decoder_key, self.plain_forward)
         if _LOGITS_CHECKED.get(model) != checked:
             self._check_logits()
             _LOGITS_CHECKED[model] = checked
@@ -88,6 +98,18 @@ class TargetModel:
             return out.last_hidden_state
         return torch.cat([out.last_hidden_state] + [out.hidden_states[l] for l in self.feature_layers], dim=-1)
 
+    def decode(self, token_ids: torch.Tensor, hf_cache, attention_mask: torch.Tensor | None = None,
+               position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, n] ids after the cache's contents -> [B, n, hidden] final states ([B, n, (1 + f) hidden] with feature
+        layers): the decoder's forward, in plain ops where `plain_forward` has it. attention_mask (4D) and
+        position_ids [B, n] as the decoder takes them (a tree's or a batch's); None: a causal block after the cache."""
+        if self.plain_forward is not None:
+            final, features = self.plain_forward(token_ids, hf_cache, attention_mask, position_ids, self.feature_layers)
+            return torch.cat([final, *features], dim=-1) if features else final
+        out = self.decoder(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,
+                           **cache_arg(hf_cache), use_cache=True, **self.decoder_options)
+        return self.states(out)
+
     def _refuse_resume_with_features(self) -> None:
         if self.feature_layers:
             raise NotImplementedError(
@@ -104,9 +126,7 @@ class TargetModel:
         their keys and values) and `start_hidden` [num_tokens, hidden] is their output: only the rest run.
         """
         if start_layer == 0:
-            out = self.decoder(input_ids=token_ids[None], **cache_arg(cache.hf_cache), use_cache=True,
-                               **self.decoder_options)
-            return self.states(out)[0]
+            return self.decode(token_ids[None], cache.hf_cache)[0]
         self._refuse_resume_with_features()
         if start_hidden is None or start_hidden.shape[0] != token_ids.shape[0]:
             raise ValueError(f"resuming at layer {start_layer} needs the layer's output for all {token_ids.shape[0]} tokens")

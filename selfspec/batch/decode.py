@@ -54,7 +54,6 @@ from selfspec.stopping import StopCondition, StopStrings
 from selfspec.verdicts import PAD, chain_verdicts, keyed_draws
 from selfspec.verifier import Verdict
 from selfspec.verify_step import score_probe, verify
-from selfspec.hf_compat import cache_arg
 
 
 BatchDrafter = BatchEagleDrafter | BatchEarlyExitDrafter  # proposes for every row at once
@@ -490,9 +489,7 @@ def _forward_block(target, cache: RaggedCache, block_ids: torch.Tensor,
             raise RuntimeError(f"early exit drafted blocks of {drafted} entries ({exit_states.shape[1]} exit states) "
                                f"in its layers, but the batch verifies {n}")
         return target.forward_block_from(exit_states, cache.hf_cache, exit_layer, mask, positions)
-    out = target.decoder(input_ids=block_ids, attention_mask=mask, position_ids=positions, **cache_arg(cache.hf_cache),
-                         use_cache=True, **target.decoder_options)
-    return target.states(out)
+    return target.decode(block_ids, cache.hf_cache, mask, positions)
 
 
 def _prefilled(drafts: list[Draft]) -> tuple[int, torch.Tensor] | None:

@@ -19,7 +19,6 @@ from selfspec.draft_length.verify_cost import prior_verify_cost
 from selfspec.kernel.quantized import quantized_weights
 from selfspec.target import TargetModel
 from selfspec.tree.draft_tree import DraftTree
-from selfspec.hf_compat import cache_arg
 
 
 def tree_attention_mask(tree: DraftTree, past_length: int, dtype: torch.dtype, device) -> torch.Tensor:
@@ -44,11 +43,7 @@ def tree_forward(target: TargetModel, pending: int, tree: DraftTree, cache: KVCa
     ids = torch.cat([torch.tensor([int(pending)], device=device), tree.tokens.to(device)])  # [num_nodes + 1]
     positions = past + tree.position_offsets().to(device)  # [num_nodes + 1]
     mask = tree_attention_mask(tree, past, target.dtype, device)
-    out = target.decoder(
-        input_ids=ids[None], attention_mask=mask, position_ids=positions[None], **cache_arg(cache.hf_cache),
-        use_cache=True, **target.decoder_options,
-    )
-    return target.states(out)[0]
+    return target.decode(ids[None], cache.hf_cache, mask, positions[None])[0]
 
 
 # A probe with siblings at two depths, a deeper branch and a leaf next to it: rows 0..6.

@@ -94,11 +94,9 @@ def reference_counts(model, head, sequence: torch.Tensor, prompt_length: int) ->
     return drafted, accepted
 
 
-def wrong_layer_states(self, out):
-    """Planted bug: the target hands the drafter hidden_states[l + 1] where the head reads layer l."""
-    if not self.feature_layers:
-        return out.last_hidden_state
-    return torch.cat([out.last_hidden_state] + [out.hidden_states[l + 1] for l in self.feature_layers], dim=-1)
+def wrong_feature_layers(self, layers):
+    """Planted bug: the target hands the drafter hidden_states[l + 1] (mod the layers) where the head reads layer l."""
+    self.feature_layers = tuple((int(l) + 1) % self.num_layers for l in layers)
 
 
 @pytest.mark.parametrize("planted_bug", [False, True], ids=["right-layers", "planted-wrong-layer"])
@@ -107,7 +105,7 @@ def test_drafts_are_the_heads_guesses_on_the_bases_own_layers(model_and_head, pl
     and accepted counts equal a naive reference's. The planted bug (features of the wrong layer) must break that."""
     model, head = model_and_head
     if planted_bug:
-        monkeypatch.setattr(selfspec.target.TargetModel, "states", wrong_layer_states)
+        monkeypatch.setattr(selfspec.target.TargetModel, "set_feature_layers", wrong_feature_layers)
     spec = SelfSpecModel(model, heads=head, tree_size=None)
     mismatches, stats = 0, []
     for seed in range(4):

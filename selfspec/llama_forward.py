@@ -1,0 +1,172 @@
+"""A Llama decoder's forward in plain tensor ops: what `transformers`' `LlamaModel.forward` computes, bit for bit,
+without its ~15 module calls a layer.
+
+On a CPU a small model's decode step is mostly Python around the products: SmolLM2 over the int8 kernel spends more
+time in `transformers`' module calls, hooks and argument plumbing than in its weights. This forward reads the same
+modules' weights and runs the same float operations in the same order (the decoder's own mask builder, rotary
+embedding and attention function; RMSNorm, rotary application and the MLP written out as `LlamaRMSNorm`,
+`apply_rotary_pos_emb` and `LlamaMLP` compute them), calling the kernel's quantized products directly and fusing
+nothing that would change a bit. `LlamaForward.of(model)` builds it only for a plain `LlamaModel` (SiLU MLP, no
+biases, sdpa attention, one rotary embedding for every layer, no accelerate hooks) and only after a probe shows it equal to the decoder's
+own forward bit for bit (a prefill, a one-token decode and a masked block); any other model keeps the decoder's own
+forward. Knows nothing about drafts, sampling or the LM head.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from selfspec.hf_compat import cache_arg
+from selfspec.kernel import int8
+from selfspec.kernel.quantized import QuantizedLinear, QuantizedWeight
+
+
+def product(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer(x), straight to the kernel for a quantized layer outside compilation (what its forward would call)."""
+    if type(layer) is QuantizedLinear and layer.bias is None and not torch.compiler.is_compiling():
+        return QuantizedLinear.eager_product(x, layer._weight, layer._backend)
+    return layer(x)
+
+
+class SameInputProducts:
+    """Layers that read the same input (a layer's q, k and v; its gate and up), as one product of the kernel's int8
+    backend where every one of them takes it: their interleaved blocks moved into one buffer (the modules keep views
+    of it, so memory does not grow), one call, one rounding of the input, each output row the same bits as alone
+    (the int8 kernel computes every row on its own). Otherwise, or while compiling, each layer's own product."""
+
+    def __init__(self, *layers: torch.nn.Module):
+        self.layers = layers
+        self.sizes = [layer.out_features for layer in layers]
+        self.joined = None
+        if all(type(layer) is QuantizedLinear and layer.bias is None for layer in layers) and len(layers) > 1:
+            weights = [layer.weight for layer in layers]
+            if (len({(w.qtype, w.shape[1], w.interleaved) for w in weights}) == 1
+                    and all(w.shape[0] % int8.GROUP_ROWS == 0 for w in weights)):
+                blocks = torch.cat([w.blocks for w in weights])
+                first = 0
+                for layer, weight in zip(layers, weights):
+                    rows = blocks[first: first + weight.shape[0]]
+                    weight.blocks = layer.blocks = rows
+                    first += weight.shape[0]
+                self.joined = QuantizedWeight(blocks, weights[0].qtype, weights[0].shape[1])
+                self.joined.interleaved = True  # (used only while every part is on the int8 backend: interleaved)
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        if self.joined is not None and not torch.compiler.is_compiling() and all(
+                layer._backend == "int8" for layer in self.layers):
+            plain = x.dtype is torch.float32 and x.is_cpu and not (torch.is_grad_enabled() and x.requires_grad)
+            if plain:
+                return int8.int8_linear(x, self.joined).split(self.sizes, dim=-1)
+        return [product(layer, x) for layer in self.layers]
+
+
+def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """`LlamaRMSNorm.forward`'s operations, in its order."""
+    dtype = hidden.dtype
+    hidden = hidden.to(torch.float32)
+    variance = hidden.pow(2).mean(-1, keepdim=True)
+    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * hidden.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """`apply_rotary_pos_emb` for one tensor [B, heads, n, head_dim] with cos / sin [B, 1, n, head_dim]."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+class LlamaForward:
+    """The forward of one `LlamaModel` (see the module). Build with `LlamaForward.of(model)`."""
+
+    def __init__(self, decoder):
+        self.decoder = decoder
+        self.config = decoder.config
+        self.layers = list(decoder.layers[: self.config.num_hidden_layers])
+        self.qkv = [SameInputProducts(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
+        self.gate_up = [SameInputProducts(l.mlp.gate_proj, l.mlp.up_proj) for l in self.layers]
+
+    @classmethod
+    def of(cls, model) -> "LlamaForward | None":
+        """The plain forward of `model`'s decoder, or None where it is not a plain Llama or the probe differs."""
+        from transformers.models.llama import modeling_llama as llama
+
+        decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+        config = getattr(decoder, "config", None)
+        if type(decoder) is not llama.LlamaModel or config is None or config._attn_implementation != "sdpa":
+            return None
+        layers = decoder.layers[: config.num_hidden_layers]
+        plain = (
+            getattr(config, "hidden_act", None) == "silu" and not getattr(config, "attention_bias", False)
+            and not getattr(config, "mlp_bias", False) and type(decoder.rotary_emb) is llama.LlamaRotaryEmbedding
+            and type(decoder.norm) is llama.LlamaRMSNorm
+            and all(type(layer) is llama.LlamaDecoderLayer and type(layer.self_attn) is llama.LlamaAttention
+                    and type(layer.mlp) is llama.LlamaMLP and type(layer.input_layernorm) is llama.LlamaRMSNorm
+                    and type(layer.post_attention_layernorm) is llama.LlamaRMSNorm for layer in layers)
+        )
+        # (accelerate's hooks move or load weights around each module's forward, which this forward does not call)
+        if not plain or any(hasattr(module, "_hf_hook") for module in decoder.modules()):
+            return None
+        forward = cls(decoder)
+        return forward if forward.reproduces_decoder() else None
+
+    def __call__(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None, feature_layers: tuple[int, ...] = ()):
+        """[B, n] ids after the cache's contents -> ([B, n, hidden] final normed states, [the input of decoder layer
+        l for l in feature_layers]); attention_mask / position_ids as the decoder's own forward takes them."""
+        decoder = self.decoder
+        hidden = decoder.embed_tokens(input_ids)
+        if position_ids is None:
+            past = cache.get_seq_length()
+            position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
+        mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
+                                  **cache_arg(cache), position_ids=position_ids)
+        cos, sin = decoder.rotary_emb(hidden, position_ids=position_ids)
+        cos, sin = cos[:, None], sin[:, None]
+        attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+        features = {}
+        for index, layer in enumerate(self.layers):
+            if index in feature_layers:
+                features[index] = hidden
+            hidden = hidden + self._attention(layer.self_attn, self.qkv[index], rms_norm(layer.input_layernorm, hidden),
+                                              cos, sin, mask, cache, attend)
+            gate, up = self.gate_up[index](rms_norm(layer.post_attention_layernorm, hidden))
+            hidden = hidden + product(layer.mlp.down_proj, F.silu(gate) * up)
+        return rms_norm(decoder.norm, hidden), [features[l] for l in feature_layers]
+
+    @staticmethod
+    def _attention(attn, qkv: SameInputProducts, x: torch.Tensor, cos, sin, mask, cache, attend) -> torch.Tensor:
+        shape = (*x.shape[:-1], -1, attn.head_dim)
+        query, key, value = (y.view(shape).transpose(1, 2) for y in qkv(x))
+        query, key = rotate(query, cos, sin), rotate(key, cos, sin)
+        key, value = cache.update(key, value, attn.layer_idx)
+        out, _ = attend(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling)
+        return product(attn.o_proj, out.reshape(*x.shape[:-1], -1).contiguous())
+
+    @torch.no_grad()
+    def reproduces_decoder(self) -> bool:
+        """Whether a prefill of 4 tokens, a one-token decode, a causal block of 2 and a block of 2 under an additive
+        4D mask (a tree's or a batch's) give the decoder's own states and features bit for bit (under the attention
+        the engine's forwards take for this model)."""
+        from selfspec.attention_backends import additive_mask, engine_attention_context
+
+        device = self.decoder.embed_tokens.weight.device
+        vocab = self.config.vocab_size
+        probe = (torch.arange(9, device=device) * 7 + 3)[None] % vocab
+        layers = tuple(range(self.config.num_hidden_layers))
+        ours, theirs = DynamicCache(config=self.config), DynamicCache(config=self.config)
+        with engine_attention_context(self.decoder):
+            for block, masked in ((probe[:, :4], False), (probe[:, 4:5], False), (probe[:, 5:7], False),
+                                  (probe[:, 7:], True)):
+                past = ours.get_seq_length()
+                visible = torch.ones(block.shape[1], past + block.shape[1], dtype=torch.bool, device=device).tril(past)
+                mask = additive_mask(visible, self.decoder.embed_tokens.weight.dtype)[None, None] if masked else None
+                got, features = self(block, ours, mask, feature_layers=layers)
+                expected = self.decoder(input_ids=block, attention_mask=mask, **cache_arg(theirs), use_cache=True,
+                                        output_hidden_states=True)
+                if not (torch.equal(got, expected.last_hidden_state)
+                        and all(torch.equal(f, expected.hidden_states[l]) for f, l in zip(features, layers))):
+                    return False
+        return True
