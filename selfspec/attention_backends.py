@@ -143,6 +143,12 @@ def grouped_kv_in_kernel():
                     ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
 
 
+def takes_ordered_attention(attention_function) -> bool:
+    """Whether `attention_function` (what `transformers`' attention registry gives now) computes through the kernel's
+    ordered attention where that applies: the engine's own function, inside an ordered resumption."""
+    return attention_function is _grouped_kv_over_transformers and _ORDERED.get()
+
+
 def _grouped_kv_over_transformers(*args, **kwargs):
     if _ORDERED.get():
         from selfspec.kernel.attention import ordered_sdpa

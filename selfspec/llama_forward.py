@@ -19,7 +19,9 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from selfspec.attention_backends import takes_ordered_attention
 from selfspec.hf_compat import cache_arg
+from selfspec.kernel.attention import ordered_attention, visible_keys
 from selfspec.kernel import int8
 from selfspec.kernel.quantized import QuantizedLinear, QuantizedWeight
 
@@ -55,12 +57,16 @@ class SameInputProducts:
                 self.joined.interleaved = True  # (used only while every part is on the int8 backend: interleaved)
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        if self.joined is not None and not torch.compiler.is_compiling() and all(
-                layer._backend == "int8" for layer in self.layers):
-            plain = x.dtype is torch.float32 and x.is_cpu and not (torch.is_grad_enabled() and x.requires_grad)
-            if plain:
-                return int8.int8_linear(x, self.joined).split(self.sizes, dim=-1)
-        return [product(layer, x) for layer in self.layers]
+        joined = self.joined_product(x)
+        return joined.split(self.sizes, dim=-1) if joined is not None else [product(layer, x) for layer in self.layers]
+
+    def joined_product(self, x: torch.Tensor) -> torch.Tensor | None:
+        """[..., sum of out_features]: every layer's output side by side, in one product; None where not joined."""
+        if (self.joined is None or torch.compiler.is_compiling() or x.dtype is not torch.float32 or not x.is_cpu
+                or (torch.is_grad_enabled() and x.requires_grad)
+                or not all(layer._backend == "int8" for layer in self.layers)):
+            return None
+        return int8.int8_linear(x, self.joined)
 
 
 def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -126,6 +132,14 @@ class LlamaForward:
         cos, sin = decoder.rotary_emb(hidden, position_ids=position_ids)
         cos, sin = cos[:, None], sin[:, None]
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+        if takes_ordered_attention(attend):  # (the mask read once here, not once a layer)
+            batch, width = hidden.shape[:2]
+            applies, visible = visible_keys(mask, batch, width, cache.get_seq_length() + width)
+            if applies and hidden.dtype is torch.float32 and hidden.is_cpu and self.layers[0].self_attn.head_dim % 8 == 0:
+                visible = None if visible is None else visible.to(torch.uint8).contiguous()
+
+                def attend(attn, query, key, value, _mask, **_):
+                    return ordered_attention(query, key, value, visible, attn.scaling), None
         features = {}
         for index, layer in enumerate(self.layers):
             if index in feature_layers:
@@ -138,12 +152,23 @@ class LlamaForward:
 
     @staticmethod
     def _attention(attn, qkv: SameInputProducts, x: torch.Tensor, cos, sin, mask, cache, attend) -> torch.Tensor:
-        shape = (*x.shape[:-1], -1, attn.head_dim)
-        query, key, value = (y.view(shape).transpose(1, 2) for y in qkv(x))
-        query, key = rotate(query, cos, sin), rotate(key, cos, sin)
+        rows = x.shape[:-1]
+        joined = qkv.joined_product(x)
+        if joined is not None:  # [B, n, q + k + v heads, d]: q's and k's heads rotated together
+            heads = joined.view(*rows, -1, attn.head_dim)
+            rotating = qkv.sizes[0] // attn.head_dim + qkv.sizes[1] // attn.head_dim
+            rotated = rotate(heads[..., :rotating, :], cos.transpose(1, 2), sin.transpose(1, 2))
+            query_heads = qkv.sizes[0] // attn.head_dim
+            query = rotated[..., :query_heads, :].transpose(1, 2)
+            key = rotated[..., query_heads:, :].transpose(1, 2)
+            value = heads[..., rotating:, :].transpose(1, 2)
+        else:
+            shape = (*rows, -1, attn.head_dim)
+            query, key, value = (y.view(shape).transpose(1, 2) for y in qkv(x))
+            query, key = rotate(query, cos, sin), rotate(key, cos, sin)
         key, value = cache.update(key, value, attn.layer_idx)
         out, _ = attend(attn, query, key, value, mask, dropout=0.0, scaling=attn.scaling)
-        return product(attn.o_proj, out.reshape(*x.shape[:-1], -1).contiguous())
+        return product(attn.o_proj, out.reshape(*rows, -1).contiguous())
 
     @torch.no_grad()
     def reproduces_decoder(self) -> bool:

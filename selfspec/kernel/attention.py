@@ -48,6 +48,25 @@ def ordered_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out
 
 
+def visible_keys(attention_mask: torch.Tensor | None, batch: int, width: int, length: int,
+                 causal: bool = True) -> tuple[bool, torch.Tensor | None]:
+    """`transformers`' attention mask for `width` queries over `length` keys -> (True, what `ordered_attention` takes:
+    visible [batch, width, length] bool, or None for causal), or (False, None) where the mask is not one it takes
+    (an additive bias rather than 0 / -inf, another shape; no mask over several queries of a non-causal module)."""
+    if attention_mask is None:
+        return (False, None) if width > 1 and not causal else (True, None)
+    if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[-1] != length:
+        return False, None
+    mask = attention_mask[:, 0, -width:]  # [B or 1, W, L]
+    if mask.dtype is torch.bool:
+        visible = mask
+    else:
+        visible = mask == 0
+        if bool(((mask != 0) & (mask > torch.finfo(mask.dtype).min / 2)).any()):
+            return False, None  # (an additive bias, not a mask)
+    return True, visible.expand(batch, width, length)
+
+
 def ordered_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
                  **kwargs):
     """`transformers`' sdpa attention function's contract, through `ordered_attention`: (output [B, W, H, D], None);
@@ -59,21 +78,8 @@ def ordered_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0
             or query.shape[1] % key.shape[1] or torch.compiler.is_compiling()):
         return None
     B, _, W, _ = query.shape
-    L = key.shape[2]
-    if attention_mask is None:
-        if W > 1 and not getattr(module, "is_causal", True):
-            return None
-        visible = None
-    else:
-        if attention_mask.dim() != 4 or attention_mask.shape[1] != 1 or attention_mask.shape[-1] != L:
-            return None
-        mask = attention_mask[:, 0, -W:]  # [B or 1, W, L]
-        if mask.dtype is torch.bool:
-            visible = mask
-        else:
-            visible = mask == 0
-            if bool(((mask != 0) & (mask > torch.finfo(mask.dtype).min / 2)).any()):
-                return None  # (an additive bias, not a mask)
-        visible = visible.expand(B, W, L)
+    applies, visible = visible_keys(attention_mask, B, W, key.shape[2], getattr(module, "is_causal", True))
+    if not applies:
+        return None
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return ordered_attention(query, key, value, visible, float(scale)), None
