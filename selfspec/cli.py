@@ -301,10 +301,11 @@ def _add_model_arguments(parser, model: str) -> None:
                        "machine (measured once, cached), else float; float: weights widened to float32 (the "
                        "dequantized model's function); int8: activations rounded to int8 per block of 32, integer "
                        "dot products (llama.cpp's method); default: $SELFSPEC_QUANTIZED_BACKEND, else auto")
-    where.add_argument("--draft-dtype", choices=("auto", "bfloat16", "model"), default="auto",
+    where.add_argument("--draft-dtype", choices=("auto", "int8", "bfloat16", "model"), default="auto",
                        help="the dtype the drafter's own weights (heads, draft vocabulary) stream in where the few-row "
-                       "kernel runs; auto: bfloat16 there (half the bytes; drafts are verified exactly either way), "
-                       "else the model's; model: the model's own dtype")
+                       "kernel runs; auto: int8 (Q8_0 blocks) over a GGUF model's int8 products, else bfloat16 there "
+                       "(fewer bytes; drafts are verified exactly either way), else the model's; model: the model's "
+                       "own dtype")
     where.add_argument("--threads", type=_int_at_least(1), metavar="N",
                        help="CPU threads for torch (selfspec's few-row kernel splits its products between them); "
                        "default: torch's own choice (one per core); 1 is steadiest on a busy machine")

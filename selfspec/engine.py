@@ -108,9 +108,10 @@ class SelfSpecModel:
     it builds, an x86 CPU with AVX2 and a C compiler). One-row products (plain decoding's steps) run through it
     too where it measures clearly faster than F.linear for them (measured once per machine and model, kept in the
     cache directory: `verify_cost.kept_one_row`).
-    draft_dtype: "auto" (default), "bfloat16" or None: the dtype the drafter's own layers (heads, the draft
+    draft_dtype: "auto" (default), "int8", "bfloat16" or None: the dtype the drafter's own layers (heads, the draft
     vocabulary's LM head rows; never the model's layers) stream their weights in, where the few-row kernel runs
-    ("auto": bfloat16 there, else the model's own; None: the model's own). Drafts need not match the model's
+    ("auto": int8, Q8_0 blocks through the int8 kernel, where the model's own products are int8; bfloat16 where the
+    kernel runs otherwise; else the model's own; None: the model's own). Drafts need not match the model's
     arithmetic, only be what the verifier is told they are, so this changes no output (`few_row_linear.py`).
     `clock` (seconds; default time.perf_counter) times the engine's work for the stats and the "auto" policy.
     """
@@ -128,9 +129,10 @@ class SelfSpecModel:
         self.target.set_feature_layers(getattr(self.drafter, "feature_layers", ()))  # e.g. an EAGLE-3 head's
         dtype = self.target.dtype
         self.few_row_kernel = resolve_few_row_kernel(few_row_kernel, self.target.device, dtype)
-        self.draft_dtype = resolve_draft_dtype(draft_dtype, self.few_row_kernel)  # torch.bfloat16 or None
+        # torch.int8, torch.bfloat16 or None
+        self.draft_dtype = resolve_draft_dtype(draft_dtype, self.few_row_kernel, rounds_activations(model))
         self.few_row_linears = (FewRowLinears(model, draft_modules=drafter_modules(self.drafter, self.target),
-                                              draft_bfloat16=self.draft_dtype is torch.bfloat16)
+                                              draft_dtype=self.draft_dtype)
                                 if self.few_row_kernel else None)
         if self.few_row_linears is not None:  # plain decoding's one-row products too, where the kernel is faster here
             self.few_row_linears.route_one_row(kept_one_row(self.target, self.few_row_linears.one_row_pays))

@@ -7,9 +7,9 @@ modules' weights and runs the same float operations in the same order (the decod
 embedding and attention function; RMSNorm, rotary application and the MLP written out as `LlamaRMSNorm`,
 `apply_rotary_pos_emb` and `LlamaMLP` compute them), calling the kernel's quantized products directly and fusing
 nothing that would change a bit. `LlamaForward.of(model)` builds it only for a plain `LlamaModel` (SiLU MLP, no
-biases, sdpa attention, one rotary embedding for every layer, no accelerate hooks) and only after a probe shows it equal to the decoder's
-own forward bit for bit (a prefill, a one-token decode and a masked block); any other model keeps the decoder's own
-forward. Knows nothing about drafts, sampling or the LM head.
+biases, sdpa attention, one rotary embedding for every layer, no accelerate hooks) and only after a probe shows it
+equal to the decoder's own forward bit for bit (a prefill, a one-token decode, a causal block and a masked block);
+any other model keeps the decoder's own forward. Knows nothing about drafts, sampling or the LM head.
 """
 from __future__ import annotations
 
@@ -135,7 +135,8 @@ class LlamaForward:
         if takes_ordered_attention(attend):  # (the mask read once here, not once a layer)
             batch, width = hidden.shape[:2]
             applies, visible = visible_keys(mask, batch, width, cache.get_seq_length() + width)
-            if applies and hidden.dtype is torch.float32 and hidden.is_cpu and self.layers[0].self_attn.head_dim % 8 == 0:
+            head_dim = self.layers[0].self_attn.head_dim
+            if applies and hidden.dtype is torch.float32 and hidden.is_cpu and head_dim % 8 == 0:
                 visible = None if visible is None else visible.to(torch.uint8).contiguous()
 
                 def attend(attn, query, key, value, _mask, **_):

@@ -25,7 +25,7 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     # bytes the drafter adds to the model: its parameters (heads, exit adapter, the LM head rows of a draft vocabulary)
-    # and the bfloat16 copies of their weights the few-row kernel streams (`draft_dtype`)
+    # and the bfloat16 or Q8_0 copies of their weights the few-row kernel streams (`draft_dtype`)
     drafter_parameter_bytes: int = 0
     peak_cache_bytes: int = 0  # largest storage of the KV cache tensors, taken after each step (KVCache.nbytes)
 

@@ -58,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from selfspec.attention_backends import each_resumption
+from selfspec.kernel import int8 as int8_kernel  # (a module: int8.py imports this one)
 from selfspec.cache_dir import cache_dir
 
 # One row stays on BLAS (plain decoding unchanged). 32: what this CPU's batches and trees use (batch 8 at w <= 3,
@@ -81,7 +82,7 @@ ISA_FLAGS = {"avx512": ["-mavx512f", "-mavx2", "-mfma", "-mf16c"], "avx2": ["-ma
 # one-row products were no faster on two threads. Where the compiler has no OpenMP, the kernel builds without it.
 THREAD_FLAGS = ["-fopenmp"]
 SETTINGS = ("auto", "on", "off")
-DRAFT_DTYPES = ("auto", "bfloat16", "model", None)
+DRAFT_DTYPES = ("auto", "bfloat16", "int8", "model", None)
 logger = logging.getLogger(__name__)
 
 
@@ -103,19 +104,22 @@ def resolve_few_row_kernel(setting: str | bool, device: torch.device, dtype: tor
     return why_not is None
 
 
-def resolve_draft_dtype(setting, few_row_kernel: bool) -> torch.dtype | None:
-    """The dtype a drafter's layers stream their weights in through the kernel: torch.bfloat16, or None (the model's
-    own). setting: "auto" (bfloat16 where `few_row_kernel` runs, else None), "bfloat16" / torch.bfloat16 (the same,
-    but an error says why it cannot), None / "model" (the model's own)."""
-    if setting is torch.bfloat16:
-        setting = "bfloat16"
+def resolve_draft_dtype(setting, few_row_kernel: bool, int8_model: bool = False) -> torch.dtype | None:
+    """The dtype a drafter's layers stream their weights in through the kernel: torch.bfloat16, torch.int8 (Q8_0
+    blocks through the int8 kernel), or None (the model's own). setting: "auto" (int8 where `few_row_kernel` runs and
+    the model's own products round activations to int8, `int8_model`; else bfloat16 where it runs; else None),
+    "bfloat16" / torch.bfloat16 or "int8" / torch.int8 (the same, but an error says why it cannot), None / "model"
+    (the model's own)."""
+    setting = {torch.bfloat16: "bfloat16", torch.int8: "int8"}.get(setting, setting)
     if setting not in DRAFT_DTYPES:
-        raise ValueError(f"draft_dtype={setting!r}: expected one of {DRAFT_DTYPES} (or torch.bfloat16)")
-    if setting == "bfloat16" and not few_row_kernel:
-        raise ValueError("draft_dtype='bfloat16' streams the drafter's weights through selfspec's few-row kernel, "
+        raise ValueError(f"draft_dtype={setting!r}: expected one of {DRAFT_DTYPES} (or torch.bfloat16 / torch.int8)")
+    if setting in ("bfloat16", "int8") and not few_row_kernel:
+        raise ValueError(f"draft_dtype='{setting}' streams the drafter's weights through selfspec's few-row kernel, "
                          "which does not run for this model (it needs a float32 model on an x86 CPU with AVX2 and a C "
                          "compiler, and few_row_kernel not 'off'); pass draft_dtype='auto' or None")
-    return torch.bfloat16 if setting in ("auto", "bfloat16") and few_row_kernel else None
+    if not few_row_kernel or setting in ("model", None):
+        return None
+    return torch.int8 if setting == "int8" or (setting == "auto" and int8_model) else torch.bfloat16
 
 
 def kernel_isa() -> str | None:
@@ -186,23 +190,28 @@ class FewRowLinears:
     each layer's forward takes its few-row float32 products and hands every other call to F.linear, as nn.Linear
     itself does. Outside, the layers are untouched nn.Linear modules. A layer whose forward someone else replaced
     (accelerate's offloading hooks, a user's patch), or whose input size is not a multiple of 8, is left alone.
-    draft_modules: a drafter's modules, routed the same way, or with `draft_bfloat16` through the kernel's bfloat16
-    weights for 1..MAX_ROWS rows (one row too: a drafter's one-row products are not plain decoding); a layer that
+    draft_modules: a drafter's modules, routed the same way, or with `draft_dtype` (torch.bfloat16 or torch.int8)
+    through the kernel's bfloat16 weights, or Q8_0 blocks and the int8 kernel, for 1..MAX_ROWS rows (one row too: a
+    drafter's one-row products are not plain decoding); a layer that
     is also one of `modules`' (a drafter sharing the model's LM head) is the model's and stays float32.
     `route_one_row(True)` routes the model's one-row products (plain decoding's steps) too, where `one_row_pays`."""
 
-    def __init__(self, *modules: torch.nn.Module | None, draft_modules=(), draft_bfloat16: bool = False):
+    def __init__(self, *modules: torch.nn.Module | None, draft_modules=(), draft_dtype: torch.dtype | None = None):
         kernel = _load()[0]  # (None: nothing to route)
         target_layers = _linear_layers(modules) if kernel is not None else []
         own = {id(layer) for layer in target_layers}
         draft_layers = [layer for layer in _linear_layers(draft_modules) if id(layer) not in own] if kernel else []
-        half_kernel = _load_bf16()[0] if draft_bfloat16 and draft_layers else None
+        half_kernel = _load_bf16()[0] if draft_dtype is not None and draft_layers else None
         self._kernel, self._target_layers = kernel, target_layers
-        self._draft_forwards = [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None))
+        self._draft_forwards = [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None,
+                                                    int8=draft_dtype is torch.int8))
                                 for layer in draft_layers]
         self.route_one_row(False)  # sets `forwards` and `one_row`
-        # memory the bfloat16 copies of the draft layers' weights take once made (at their first routed product)
-        self.draft_copy_bytes = sum(layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
+        # memory the copies of the draft layers' weights take once made (at their first routed product): bfloat16,
+        # or Q8_0 blocks (34 bytes a block of 32) where the layer's input size is a whole number of blocks
+        self.draft_copy_bytes = sum(
+            layer.weight.numel() * 34 // 32 if draft_dtype is torch.int8 and layer.in_features % 32 == 0
+            else layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
 
     def one_row_pays(self) -> bool:
         """Whether the model's one-row products run clearly faster through the kernel here (`one_row_pays`)."""
@@ -262,7 +271,7 @@ def _log_left_alone(count: int, kinds: tuple[str, ...]) -> None:
                 count, "/".join(kinds))
 
 
-def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows: int = MIN_ROWS):
+def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows: int = MIN_ROWS, int8: bool = False):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
     falls back to F.linear). It runs ~200 times per forward of a 30-layer model, so it reads the parameters from the
@@ -271,8 +280,11 @@ def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows
     (pruning replaces it by a plain attribute) goes through F.linear.
     bfloat16 (a drafter's layer, `kernel` the bfloat16-weight entry point): products over 1..MAX_ROWS rows (a
     drafter's one-row products are not plain decoding) with a bfloat16 copy of the weight, made at first use and
-    again whenever the weight's storage or version changes. min_rows: the fewest rows a float32 product it takes."""
+    again whenever the weight's storage or version changes; with int8 too, a layer whose input size is a multiple of
+    32 keeps the weight rounded to Q8_0 blocks instead and multiplies through the int8 kernel (`int8.py`).
+    min_rows: the fewest rows a float32 product it takes."""
     k_dim, min_rows, copy = layer.in_features, 1 if bfloat16 else min_rows, {}
+    int8 = int8 and bfloat16 and k_dim % 32 == 0
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         parameters = layer._parameters
@@ -282,10 +294,23 @@ def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows
         if bfloat16:
             key = (weight.data_ptr(), weight._version)
             if copy.get("key") != key:
-                copy["key"], copy["weight"] = key, weight.detach().to(torch.bfloat16).contiguous()
+                copy["key"], copy["weight"] = key, (_q8_0_copy(weight) if int8
+                                                    else weight.detach().to(torch.bfloat16).contiguous())
+            if int8:
+                out = int8_kernel.int8_linear(x, copy["weight"])
+                return out if bias is None else out + bias
             weight = copy["weight"]
         return _run(kernel, x, weight, bias)
     return forward
+
+
+def _q8_0_copy(weight: torch.Tensor):
+    """A float32 weight [N, K] (K % 32 == 0) rounded to Q8_0 blocks, interleaved for the int8 kernel."""
+    from selfspec.kernel.quantized import TYPES, QuantizedWeight
+
+    quantized = QuantizedWeight(int8_kernel.q8_0_blocks(weight.detach().float()), TYPES["Q8_0"], weight.shape[1])
+    quantized.set_interleaved(True)
+    return quantized
 
 
 def one_row_pays(layers: list[torch.nn.Linear], kernel, repeats: int = 3, timer=time.perf_counter) -> bool:

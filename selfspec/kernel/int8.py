@@ -56,6 +56,19 @@ def _permuted(blocks: torch.Tensor, qtype: int, inverse: bool) -> torch.Tensor:
     return out
 
 
+def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 weight [N, K] (K % 32 == 0) rounded to GGUF Q8_0 blocks [N, K / 32 * 34] (uint8, the file's layout):
+    per block of 32 along a row a float16 scale d = max |w| / 127 and the 32 int8 values round(w / d)."""
+    n_rows, k_dim = weight.shape
+    if k_dim % 32:
+        raise ValueError(f"Q8_0 blocks need a multiple of 32 weights a row; this weight has {k_dim}")
+    blocks = weight.reshape(n_rows, k_dim // 32, 32)
+    scale = (blocks.abs().amax(dim=-1, keepdim=True) / 127).to(torch.float16)
+    inverse = torch.where(scale == 0, 0.0, 1.0 / scale.float())
+    values = (blocks * inverse).round().clamp(-127, 127).to(torch.int8)
+    return torch.cat([scale.view(torch.uint8), values.view(torch.uint8)], dim=-1).reshape(n_rows, -1).contiguous()
+
+
 def file_rows(blocks: torch.Tensor, qtype: int, ids: torch.Tensor) -> torch.Tensor:
     """The file's bytes of rows `ids` (int64 [m]) of interleaved `blocks`: [m, row bytes], only their groups undone."""
     n_rows, row_bytes = blocks.shape

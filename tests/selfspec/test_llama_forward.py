@@ -62,7 +62,8 @@ def test_the_plain_forward_is_the_decoders_bit_for_bit(llama):
             assert torch.equal(got, expected.last_hidden_state)
             assert all(torch.equal(f, expected.hidden_states[layer]) for f, layer in zip(features, layers))
         for layer_ours, layer_theirs in zip(ours.layers, theirs.layers):
-            assert torch.equal(layer_ours.keys, layer_theirs.keys) and torch.equal(layer_ours.values, layer_theirs.values)
+            assert torch.equal(layer_ours.keys, layer_theirs.keys)
+            assert torch.equal(layer_ours.values, layer_theirs.values)
 
 
 def test_a_batch_of_ragged_rows_is_the_decoders_bit_for_bit():

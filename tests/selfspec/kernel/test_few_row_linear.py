@@ -166,7 +166,7 @@ def counting_kernel(monkeypatch):
 def test_draft_layers_stream_bfloat16_weights_and_the_models_layers_never_do(counting_kernel):
     model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 16, bias=False))
     head = torch.nn.Sequential(torch.nn.Linear(16, 32), model[2])  # its second layer is the model's own
-    routed = FewRowLinears(model, draft_modules=[head], draft_bfloat16=True)
+    routed = FewRowLinears(model, draft_modules=[head], draft_dtype=torch.bfloat16)
     x = torch.randn(3, 16)
     with torch.no_grad():
         expected_head = F.linear(x, head[0].weight.to(torch.bfloat16).float(), head[0].bias)
@@ -186,11 +186,39 @@ def test_draft_layers_stream_bfloat16_weights_and_the_models_layers_never_do(cou
         with routed:
             flipped = head[0](x)
     torch.testing.assert_close(flipped, F.linear(x, head[0].weight.to(torch.bfloat16).float(), head[0].bias))
-    # without draft_bfloat16 a drafter's layers run as the model's: float32, from two rows
+    # without a draft dtype a drafter's layers run as the model's: float32, from two rows
     counting_kernel.rows.clear(), counting_kernel.bf16.rows.clear()
     with FewRowLinears(model, draft_modules=[head]), torch.no_grad():
         head[0](x), head[0](x[:1])
     assert counting_kernel.rows == [3] and counting_kernel.bf16.rows == []
+
+
+def test_int8_draft_layers_multiply_q8_0_blocks_and_others_stream_bfloat16(needs_kernel):
+    """draft_dtype=torch.int8: a drafter's layer whose input size is a multiple of 32 multiplies the weight rounded to
+    Q8_0 blocks through the int8 kernel (bit for bit the int8 kernel over those blocks); a layer of another input
+    size streams bfloat16; the model's layers stay float32."""
+    from selfspec.kernel import int8
+    from selfspec.kernel.quantized import TYPES, QuantizedWeight
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 24))
+    head = torch.nn.Sequential(torch.nn.Linear(64, 40), torch.nn.Linear(40, 64, bias=False))
+    routed = FewRowLinears(model, draft_modules=[head], draft_dtype=torch.int8)
+    assert routed.draft_copy_bytes == 40 * 64 * 34 // 32 + 64 * 40 * 2
+    x = torch.randn(3, 64)
+    blocks = QuantizedWeight(int8.q8_0_blocks(head[0].weight.detach()), TYPES["Q8_0"], 64)
+    blocks.set_interleaved(True)
+    with torch.no_grad():
+        expected = int8.int8_linear(x, blocks) + head[0].bias
+        second = F.linear(expected, head[1].weight.to(torch.bfloat16).float())
+        with routed:
+            got = head[0](x)
+            got_second = head[1](got)
+            one = head[0](x[:1])
+            model_out = model(x)
+    assert torch.equal(got, expected) and torch.equal(one[0], got[0])
+    torch.testing.assert_close(got_second, second, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, F.linear(x, head[0].weight, head[0].bias), rtol=0, atol=1e-5)  # rounded
+    torch.testing.assert_close(model_out, model(x), rtol=1e-5, atol=1e-6)
 
 
 def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_kernel):
@@ -223,7 +251,7 @@ def test_layers_are_routed_only_inside_and_only_for_few_float32_rows(counting_ke
 def test_one_row_products_go_through_the_kernel_only_when_routed(counting_kernel):
     model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU(), torch.nn.Linear(24, 8, bias=False))
     head = torch.nn.Sequential(torch.nn.Linear(16, 8))
-    routed = FewRowLinears(model, draft_modules=[head], draft_bfloat16=True)
+    routed = FewRowLinears(model, draft_modules=[head], draft_dtype=torch.bfloat16)
     x = torch.randn(1, 16)
     expected = model(x)
     with routed, torch.no_grad():
@@ -416,6 +444,12 @@ def test_bfloat16_drafts_are_verified_exactly(counting_kernel, tree_size):
 
 def test_draft_dtype_settings_and_errors():
     assert frl.resolve_draft_dtype("auto", True) is torch.bfloat16
+    assert frl.resolve_draft_dtype("auto", True, int8_model=True) is torch.int8  # (the model's products are int8)
+    assert frl.resolve_draft_dtype("int8", True) is torch.int8
+    assert frl.resolve_draft_dtype(torch.int8, True) is torch.int8
+    assert frl.resolve_draft_dtype("auto", False, int8_model=True) is None
+    with pytest.raises(ValueError, match="draft_dtype='int8' streams"):
+        frl.resolve_draft_dtype("int8", False)
     assert frl.resolve_draft_dtype("auto", False) is None  # no kernel: the model's own dtype
     assert frl.resolve_draft_dtype(torch.bfloat16, True) is torch.bfloat16
     assert frl.resolve_draft_dtype(None, True) is None and frl.resolve_draft_dtype("model", True) is None
