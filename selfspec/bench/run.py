@@ -21,6 +21,7 @@ from selfspec.bench.prompts import label, prompt_ids, prompt_texts
 from selfspec.bench.report import markdown, write_outputs
 from selfspec.bench.schedule import Deadline, run_schedule, warm_up
 from selfspec.bench.settings import BenchSettings, model_name, parse_args, tree_size
+from selfspec.bench.step_time import describe_breakdown, step_breakdown
 from selfspec.bench.summary import summarize
 from selfspec.bench.useless import useless_cases
 from selfspec.engine import SelfSpecModel
@@ -76,6 +77,8 @@ def main(argv=None) -> dict:
 
     machine["quantized_backends_measured"] = measured_choices()  # (what loading the model chose, now measured)
     machine["quantized_products"] = describe(loaded.model)
+    if settings.device == "cpu":  # (GPU timings would need synchronizing; the table's rows say enough there)
+        report["step_breakdown"] = step_breakdown(loaded.model)
     report["base_parameters"] = base = parameters(loaded.transformers_model)[0]
     kind, texts = prompt_texts(loaded.tokenizer, settings.num_prompts)
     report["prompt_kind"], report["prompts"] = kind, [label(t) for t in texts]
@@ -107,6 +110,10 @@ def main(argv=None) -> dict:
     entries, stopped = run_schedule(methods, prompts, modes, settings.repeats, settings.seed, "main", deadline,
                                     modes_of=modes_of)
     report["records"] = summarize(entries, [m.name for m in methods], BASELINES, base, IDENTICAL_TO, ACROSS_MODES)
+    if "step_breakdown" in report:
+        off = next((r["tokens_per_second"] for r in report["records"] if r["method"] == OFF
+                    and r["mode"] == GREEDY.name), None)
+        notes.append(describe_breakdown(report["step_breakdown"], off))
     if not finish_phase("main", stopped):
         report["sweep"], stopped = sweep(settings, loaded, specs, methods[:1] + [_off(methods)], prompts, deadline)
         if not finish_phase("sweep", stopped):

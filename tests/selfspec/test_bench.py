@@ -787,3 +787,22 @@ def test_the_machine_record_names_the_cpus_instruction_sets_and_the_quantized_ba
         return
     if " avx2" in present:  # (every CPU the kernel builds for has it; the list reads what this one has)
         assert "avx2" in machine["cpu_flags"]
+
+
+def test_the_step_breakdown_times_the_forward_its_products_and_the_lm_head(needs_kernel, tmp_path):
+    from selfspec.bench.step_time import describe_breakdown, step_breakdown
+    from selfspec.kernel.backends import use_backend
+    from selfspec.loading import load_model
+    from tests.selfspec.exercised import scrambled_model
+    from tests.selfspec.kernel.test_quantized import write_gguf
+
+    model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=256)
+    write_gguf(model, tmp_path / "tiny.Q8_0.gguf", "Q8_0")
+    kept = load_model(tmp_path / "tiny.Q8_0.gguf")
+    use_backend(kept, "int8")
+    breakdown = step_breakdown(kept)
+    assert breakdown["plain_forward"] and breakdown["forward_ms"] > 0 and breakdown["lm_head_ms"] > 0
+    assert 0 < breakdown["products_ms"]
+    line = describe_breakdown(breakdown, 1000.0 / (breakdown["forward_ms"] + breakdown["lm_head_ms"] + 1.0))
+    assert "plain Llama forward" in line and "1.0 ms of it elsewhere" in line
+    assert step_breakdown(model)["products_ms"] == 0.0  # (float weights: no kernel products to time alone)
