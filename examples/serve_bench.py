@@ -8,14 +8,22 @@ server runs in a process of its own (`selfspec serve`), as deployed; the clients
 Each client sends the held-out chat prompts one after another (streamed chat completions, greedy, `--max-tokens`);
 the clients start together and every request is counted. Every answer is checked against `generate` alone on the same
 prompt (greedy: the server's batches must not change a token). Prints a Markdown table.
+
+With `--transformers-serve`, a row for `transformers serve` under the same clients: the script saves transformers'
+own dequantized float32 model of the file (what `selfspec.bench`'s generate row runs) and its tokenizer to a
+temporary directory and serves that with continuous batching, on the CPU, with the same threads. Its answers are not
+checked against `generate`: it decodes the dequantized float32 weights, selfspec the GGUF blocks with integer
+products, so a near tie can go the other way without either being wrong.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -24,6 +32,7 @@ import httpx
 import torch
 
 EXAMPLES = Path(__file__).resolve().parent
+TRANSFORMERS_ROW = "transformers serve (continuous batching, float32)"
 
 
 def parse_args(argv=None):
@@ -34,27 +43,29 @@ def parse_args(argv=None):
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--transformers-serve", action="store_true",
+                        help="add a `transformers serve` row (continuous batching, float32; slow to start)")
     return parser.parse_args(argv)
 
 
-def serve(args, num_draft_tokens):
-    """`selfspec serve` in a process of its own on a free loopback port -> (process, url)."""
+def free_port() -> int:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    drafter = ["--heads", args.heads] if num_draft_tokens else ["--drafter", "none"]  # (off: nothing to catch up)
-    command = [sys.executable, "-m", "selfspec.serve", args.model, *drafter, "--port", str(port),
-               "--threads", str(args.threads), "--num-draft-tokens", str(num_draft_tokens), "--model-name", "bench",
-               "--max-queue", "64", "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return port
+
+
+def start(command: list[str], port: int, env: dict | None = None):
+    """`command` in a process of its own, once GET /health answers ok -> (process, url)."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
         try:
             if httpx.get(f"{url}/health", timeout=5).json().get("status") == "ok":
                 return process, url
-        except httpx.HTTPError:
+        except (httpx.HTTPError, ValueError):
             pass
         if time.monotonic() > deadline or process.poll() is not None:
             process.kill()
@@ -62,9 +73,41 @@ def serve(args, num_draft_tokens):
         time.sleep(0.2)
 
 
-def ask(url: str, prompt: str, max_tokens: int) -> dict:
+def serve(args, num_draft_tokens):
+    """`selfspec serve` in a process of its own on a free loopback port -> (process, url, model name)."""
+    port = free_port()
+    drafter = ["--heads", args.heads] if num_draft_tokens else ["--drafter", "none"]  # (off: nothing to catch up)
+    command = [sys.executable, "-m", "selfspec.serve", args.model, *drafter, "--port", str(port),
+               "--threads", str(args.threads), "--num-draft-tokens", str(num_draft_tokens), "--model-name", "bench",
+               "--max-queue", "64", "--log-level", "warning"]
+    return *start(command, port), "bench"
+
+
+def transformers_serve(args, directory: str, max_clients: int):
+    """`transformers serve` of the float32 model saved in `directory`, the same way -> (process, url, model name).
+    Continuous batching sizes its KV cache from the machine's memory on a CPU: capped here at what the clients need
+    (blocks of 256 tokens, prompts under 256 tokens)."""
+    port = free_port()
+    command = [sys.executable, "-m", "transformers.cli.transformers", "serve", directory, "--continuous-batching",
+               "--device", "cpu", "--dtype", "float32", "--host", "127.0.0.1", "--port", str(port),
+               "--cb-num-blocks", str(max_clients * (2 + args.max_tokens // 256)), "--cb-max-batch-tokens", "512",
+               "--log-level", "warning"]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1",
+           "HF_HUB_DISABLE_UPDATE_CHECK": "1"}  # (the model is local; no update check either)
+    return *start(command, port, env), directory  # requests name the model it serves
+
+
+def save_float32(model: str, directory: str) -> None:
+    """transformers' dequantized float32 model of `model` and its tokenizer, saved as a plain checkpoint."""
+    from selfspec.loading import load_model, load_tokenizer, plain_copy
+
+    plain_copy(load_model(model, dtype=torch.float32, quantized="dequantize")).save_pretrained(directory)
+    load_tokenizer(model).save_pretrained(directory)
+
+
+def ask(url: str, prompt: str, max_tokens: int, model: str = "bench") -> dict:
     """One streamed chat completion -> its text, seconds to the first token, gaps between later chunks, tokens."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     started, first, last, gaps, text, tokens = time.perf_counter(), None, None, [], "", 0
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
@@ -86,14 +129,14 @@ def ask(url: str, prompt: str, max_tokens: int) -> dict:
     return {"text": text, "ttft": first or 0.0, "gaps": gaps, "tokens": tokens, "seconds": time.perf_counter() - started}
 
 
-def run_clients(url: str, prompts: list[str], clients: int, per_client: int, max_tokens: int):
+def run_clients(url: str, model: str, prompts: list[str], clients: int, per_client: int, max_tokens: int):
     results, errors = [], []
 
     def client(c):
         for r in range(per_client):
             prompt = prompts[(c * per_client + r) % len(prompts)]
             try:
-                results.append((prompt, ask(url, prompt, max_tokens)))
+                results.append((prompt, ask(url, prompt, max_tokens, model)))
             except Exception as err:  # noqa: BLE001 (counted, reported)
                 errors.append(err)
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
@@ -121,28 +164,51 @@ def main(argv=None):
     expected = {p: engine.generate([{"role": "user", "content": p}], max_new_tokens=args.max_tokens).text
                 for p in prompts}
     del engine
+    client_counts = [int(c) for c in args.clients.split(",")]
+    servers = [("drafting (auto)", lambda: serve(args, "auto")), ("speculation off", lambda: serve(args, 0))]
+    work = tempfile.TemporaryDirectory(prefix="serve-bench-")
+    if args.transformers_serve:
+        save_float32(args.model, work.name)
+        servers.append((TRANSFORMERS_ROW, lambda: transformers_serve(args, work.name, max(client_counts))))
     rows = []
-    for label, k in (("drafting (auto)", "auto"), ("speculation off", 0)):
-        process, url = serve(args, k)
-        ask(url, prompts[0], 8)  # warm-up
-        for clients in [int(c) for c in args.clients.split(",")]:
-            results, errors, seconds = run_clients(url, prompts, clients, args.requests_per_client, args.max_tokens)
-            wrong = sum(answer["text"] != expected[prompt] for prompt, answer in results)
-            tokens = sum(answer["tokens"] for _, answer in results)
-            gaps = [g for _, answer in results for g in answer["gaps"]]
-            ttft = [answer["ttft"] for _, answer in results]
-            rows.append((label, clients, tokens / seconds, percentile(ttft, 0.5), percentile(ttft, 0.95),
-                         1e3 * percentile(gaps, 0.5), 1e3 * percentile(gaps, 0.95), len(results), len(errors), wrong))
-        process.terminate()
-        process.wait(timeout=120)
-    print(f"\n`OMP_NUM_THREADS={args.threads} python examples/serve_bench.py --threads {args.threads}` ({args.model}, "
+    try:
+        for label, start_server in servers:
+            process, url, model = start_server()
+            try:
+                ask(url, prompts[0], 8, model)  # warm-up
+                for clients in client_counts:
+                    results, errors, seconds = run_clients(url, model, prompts, clients, args.requests_per_client,
+                                                           args.max_tokens)
+                    wrong = (None if label == TRANSFORMERS_ROW  # not selfspec's weights: see the docstring
+                             else sum(answer["text"] != expected[prompt] for prompt, answer in results))
+                    tokens = sum(answer["tokens"] for _, answer in results)
+                    gaps = [g for _, answer in results for g in answer["gaps"]]
+                    ttft = [answer["ttft"] for _, answer in results]
+                    rows.append((label, clients, tokens / seconds, percentile(ttft, 0.5), percentile(ttft, 0.95),
+                                 1e3 * percentile(gaps, 0.5), 1e3 * percentile(gaps, 0.95), len(results),
+                                 len(errors), wrong))
+                process.terminate()
+                process.wait(timeout=120)
+            finally:
+                if process.poll() is None:  # an error above, or it did not stop
+                    process.kill()
+                    process.wait()
+    finally:
+        work.cleanup()
+    command = f"python examples/serve_bench.py --threads {args.threads}"
+    command += " --transformers-serve" * args.transformers_serve
+    print(f"\n`OMP_NUM_THREADS={args.threads} {command}` ({args.model}, "
           f"{args.requests_per_client} streamed greedy requests per client, {args.max_tokens} tokens)\n")
     print("| server | clients | tokens/s (all clients) | first token p50 / p95 (s) | between chunks p50 / p95 (ms) "
           "| answered | errors | answers unlike `generate` |")
     print("|---|---|---|---|---|---|---|---|")
     for label, clients, rate, t50, t95, g50, g95, done, errors, wrong in rows:
         print(f"| {label} | {clients} | {rate:.1f} | {t50:.2f} / {t95:.2f} | {g50:.0f} / {g95:.0f} | {done} | {errors} "
-              f"| {wrong} |")
+              f"| {'not checked' if wrong is None else wrong} |")
+    if args.transformers_serve:
+        print(f"\n{TRANSFORMERS_ROW}: transformers' dequantized float32 model of the same file, its answers not "
+              "checked against `generate` (selfspec decodes the GGUF blocks with integer products: a near tie can "
+              "go the other way).")
 
 
 if __name__ == "__main__":
