@@ -161,8 +161,15 @@ def main(argv=None):
 
     engine = SelfSpecModel.from_pretrained(args.model, heads=args.heads)
     prompts = list(CHAT_PROMPTS[:8])
-    expected = {p: engine.generate([{"role": "user", "content": p}], max_new_tokens=args.max_tokens).text
-                for p in prompts}
+    engine.generate([{"role": "user", "content": prompts[0]}], max_new_tokens=8)  # warm-up
+    expected, alone = {}, [0, 0.0]  # (tokens and seconds of the prompts one client sends, decoded here alone)
+    for index, prompt in enumerate(prompts):
+        started = time.perf_counter()
+        out = engine.generate([{"role": "user", "content": prompt}], max_new_tokens=args.max_tokens)
+        expected[prompt] = out.text
+        if index < args.requests_per_client:
+            alone[0] += out.stats.new_tokens
+            alone[1] += time.perf_counter() - started
     del engine
     client_counts = [int(c) for c in args.clients.split(",")]
     servers = [("drafting (auto)", lambda: serve(args, "auto")), ("speculation off", lambda: serve(args, 0))]
@@ -205,6 +212,8 @@ def main(argv=None):
     for label, clients, rate, t50, t95, g50, g95, done, errors, wrong in rows:
         print(f"| {label} | {clients} | {rate:.1f} | {t50:.2f} / {t95:.2f} | {g50:.0f} / {g95:.0f} | {done} | {errors} "
               f"| {'not checked' if wrong is None else wrong} |")
+    print(f"\n`SelfSpecModel.generate` alone in this process, on the prompts one client sends: "
+          f"{alone[0] / alone[1]:.1f} tokens/s (the one-client drafting row adds HTTP, streaming and the scheduler).")
     if args.transformers_serve:
         print(f"\n{TRANSFORMERS_ROW}: transformers' dequantized float32 model of the same file, its answers not "
               "checked against `generate` (selfspec decodes the GGUF blocks with integer products: a near tie can "

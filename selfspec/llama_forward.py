@@ -70,16 +70,19 @@ class SameInputProducts:
 
 
 def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """`LlamaRMSNorm.forward`'s operations, in its order."""
-    dtype = hidden.dtype
-    hidden = hidden.to(torch.float32)
+    """`LlamaRMSNorm.forward`'s operations, in its order (its two conversions are no-ops on float32 states)."""
+    if hidden.dtype is not torch.float32:
+        dtype = hidden.dtype
+        hidden = hidden.to(torch.float32)
+        variance = hidden.pow(2).mean(-1, keepdim=True)
+        return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon)).to(dtype)
     variance = hidden.pow(2).mean(-1, keepdim=True)
-    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
-    return norm.weight * hidden.to(dtype)
+    return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """`apply_rotary_pos_emb` for one tensor [B, heads, n, head_dim] with cos / sin [B, 1, n, head_dim]."""
+    """`apply_rotary_pos_emb` for one tensor [B, heads, n, head_dim] with cos / sin [B, 1, n, head_dim] (or the same
+    elementwise, [B, n, heads, head_dim] with [B, n, 1, head_dim])."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
@@ -130,7 +133,7 @@ class LlamaForward:
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
                                   **cache_arg(cache), position_ids=position_ids)
         cos, sin = decoder.rotary_emb(hidden, position_ids=position_ids)
-        cos, sin = cos[:, None], sin[:, None]
+        rotary = cos[:, None], sin[:, None], cos[:, :, None], sin[:, :, None]  # for [B, heads, n, d] and [B, n, heads, d]
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
         if takes_ordered_attention(attend):  # (the mask read once here, not once a layer)
             batch, width = hidden.shape[:2]
@@ -146,19 +149,20 @@ class LlamaForward:
             if index in feature_layers:
                 features[index] = hidden
             hidden = hidden + self._attention(layer.self_attn, self.qkv[index], rms_norm(layer.input_layernorm, hidden),
-                                              cos, sin, mask, cache, attend)
+                                              rotary, mask, cache, attend)
             gate, up = self.gate_up[index](rms_norm(layer.post_attention_layernorm, hidden))
             hidden = hidden + product(layer.mlp.down_proj, F.silu(gate) * up)
         return rms_norm(decoder.norm, hidden), [features[l] for l in feature_layers]
 
     @staticmethod
-    def _attention(attn, qkv: SameInputProducts, x: torch.Tensor, cos, sin, mask, cache, attend) -> torch.Tensor:
+    def _attention(attn, qkv: SameInputProducts, x: torch.Tensor, rotary, mask, cache, attend) -> torch.Tensor:
         rows = x.shape[:-1]
+        cos, sin, cos_by_token, sin_by_token = rotary
         joined = qkv.joined_product(x)
         if joined is not None:  # [B, n, q + k + v heads, d]: q's and k's heads rotated together
             heads = joined.view(*rows, -1, attn.head_dim)
             rotating = qkv.sizes[0] // attn.head_dim + qkv.sizes[1] // attn.head_dim
-            rotated = rotate(heads[..., :rotating, :], cos.transpose(1, 2), sin.transpose(1, 2))
+            rotated = rotate(heads[..., :rotating, :], cos_by_token, sin_by_token)
             query_heads = qkv.sizes[0] // attn.head_dim
             query = rotated[..., :query_heads, :].transpose(1, 2)
             key = rotated[..., query_heads:, :].transpose(1, 2)
