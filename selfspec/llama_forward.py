@@ -9,9 +9,14 @@ embedding and attention function; RMSNorm, rotary application and the MLP writte
 nothing that would change a bit. `LlamaForward.of(model)` builds it only for a plain `LlamaModel` (SiLU MLP, no
 biases, sdpa attention, one rotary embedding for every layer, no accelerate hooks) and only after a probe shows it
 equal to the decoder's own forward bit for bit (a prefill, a one-token decode, a causal block and a masked block);
-any other model keeps the decoder's own forward. Knows nothing about drafts, sampling or the LM head.
+any other model keeps the decoder's own forward. A forward or pre-forward hook on any of the decoder's modules (or a
+global one), or a module whose forward was replaced, makes `runs_modules()` true: the engine then calls the decoder's
+own forward, so what the hooks do is part of the model it decodes. Knows nothing about drafts, sampling or the LM head.
 """
 from __future__ import annotations
+
+import operator
+from itertools import repeat
 
 import torch
 import torch.nn.functional as F
@@ -69,6 +74,15 @@ class SameInputProducts:
         return int8.int8_linear(x, self.joined)
 
 
+# `transformers`' own hooks that record outputs (hidden states, attentions) only while a forward asks for them
+_RECORDING_HOOKS = "transformers.utils.output_capturing"
+
+
+def _acting(hooks: dict) -> bool:
+    """Whether a module's hooks include one that may act on a forward (anything but `transformers`' recording)."""
+    return any(getattr(hook, "__module__", None) != _RECORDING_HOOKS for hook in hooks.values())
+
+
 def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """`LlamaRMSNorm.forward`'s operations, in its order (its two conversions are no-ops on float32 states)."""
     if hidden.dtype is not torch.float32:
@@ -94,6 +108,10 @@ class LlamaForward:
         self.decoder = decoder
         self.config = decoder.config
         self.layers = list(decoder.layers[: self.config.num_hidden_layers])
+        # each module's hook dicts (mutated in place by register_*_hook), and the attribute dicts of the modules whose
+        # forward this one replaces (it calls a Linear's forward: a patch there is honoured)
+        self.hook_dicts = [hooks for m in decoder.modules() for hooks in (m._forward_hooks, m._forward_pre_hooks)]
+        self.replaced = [m.__dict__ for m in decoder.modules() if type(m) is not torch.nn.Linear]
         self.qkv = [SameInputProducts(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
         self.gate_up = [SameInputProducts(l.mlp.gate_proj, l.mlp.up_proj) for l in self.layers]
 
@@ -120,6 +138,15 @@ class LlamaForward:
             return None
         forward = cls(decoder)
         return forward if forward.reproduces_decoder() else None
+
+    def runs_modules(self) -> bool:
+        """Whether a hook (forward or pre-forward, on a decoder module or global) or a module's replaced forward asks
+        for the decoder's own module calls now (checked at every forward, in C-level loops over the modules)."""
+        from torch.nn.modules import module as nn_module
+
+        return (bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
+                or any(map(_acting, filter(None, self.hook_dicts)))
+                or any(map(operator.contains, self.replaced, repeat("forward"))))
 
     def __call__(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, feature_layers: tuple[int, ...] = ()):

@@ -101,9 +101,10 @@ class TargetModel:
     def decode(self, token_ids: torch.Tensor, hf_cache, attention_mask: torch.Tensor | None = None,
                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         """[B, n] ids after the cache's contents -> [B, n, hidden] final states ([B, n, (1 + f) hidden] with feature
-        layers): the decoder's forward, in plain ops where `plain_forward` has it. attention_mask (4D) and
-        position_ids [B, n] as the decoder takes them (a tree's or a batch's); None: a causal block after the cache."""
-        if self.plain_forward is not None:
+        layers): the decoder's forward, in plain ops where `plain_forward` has it and no hook asks for the modules.
+        attention_mask (4D) and position_ids [B, n] as the decoder takes them (a tree's or a batch's); None: a causal
+        block after the cache."""
+        if self.plain_forward is not None and not self.plain_forward.runs_modules():
             final, features = self.plain_forward(token_ids, hf_cache, attention_mask, position_ids, self.feature_layers)
             return torch.cat([final, *features], dim=-1) if features else final
         out = self.decoder(input_ids=token_ids, attention_mask=attention_mask, position_ids=position_ids,

@@ -111,15 +111,22 @@ def test_the_probe_refuses_a_forward_that_differs_by_a_bit(monkeypatch):
     assert LlamaForward.of(model) is None
 
 
-def test_the_engine_runs_the_plain_forward_and_gives_the_decoders_tokens(llama):
+def test_the_engine_runs_the_plain_forward_and_gives_the_decoders_tokens(llama, monkeypatch):
     """Every drafter, chains and a tree, and a batch: the same tokens through the plain forward as through the
     decoder's own forward (`plain_forward = None`, the oracle), and no decoder call while decoding plainly."""
     vocab = llama.config.vocab_size
     prompts = [repetitive_prompt(20, vocab_size=vocab, period=4)] + [random_prompt(9, vocab_size=vocab, seed=s)
                                                                     for s in range(1, 4)]
     heads = trained_heads(llama, greedy_sequences(llama, prompts, 24), num_heads=3)
-    calls = []
-    hook = llama.get_decoder().register_forward_hook(lambda *args: calls.append(1))
+    calls = []  # the decoder's own forward, counted where the engine calls it (a hook would ask for the modules)
+    real_decode = TargetModel.decode
+
+    def counted_decode(target, *args, **kwargs):
+        if target.plain_forward is None or target.plain_forward.runs_modules():
+            calls.append(1)
+        return real_decode(target, *args, **kwargs)
+
+    monkeypatch.setattr(TargetModel, "decode", counted_decode)
     drafters = [dict(drafter="ngram"), dict(heads=heads), dict(heads=heads, tree_size=6),
                 dict(drafter="early_exit", exit_layer=1)]
     try:
@@ -149,4 +156,35 @@ def test_the_engine_runs_the_plain_forward_and_gives_the_decoders_tokens(llama):
         assert len(fast.sequences) == len(prompts)
         assert all(torch.equal(a, b) for a, b in zip(fast.sequences, oracle.sequences))
     finally:
-        hook.remove()
+        monkeypatch.undo()
+
+
+def test_hooks_and_replaced_forwards_make_the_engine_call_the_modules():
+    """A hook that changes a layer's output is part of the model: greedy tokens follow it (the decoder's own forward
+    runs while it is registered), and the plain forward comes back once it is removed. Catches (planted): the plain
+    forward ignoring hooks (the steered tokens would be the unhooked model's)."""
+    model = tiny_model("llama", seed=7)
+    prompt = random_prompt(8, seed=2)
+    engine = SelfSpecModel(model, drafter="none")  # (which forward runs, not drafting, is under test)
+    plain = engine.generate(prompt, max_new_tokens=12, eos_token_id=[]).sequences
+    assert not engine.target.plain_forward.runs_modules()
+    steer = model.get_decoder().norm.register_forward_hook(lambda module, args, out: -out)  # (argmax -> argmin)
+    try:
+        assert engine.target.plain_forward.runs_modules()
+        steered = engine.generate(prompt, max_new_tokens=12, eos_token_id=[]).sequences
+        expected = greedy_sequences(model, [prompt], 12)[0]  # (the hooked model's own greedy tokens)
+    finally:
+        steer.remove()
+    assert torch.equal(steered[0], expected) and not torch.equal(steered, plain)
+    assert not engine.target.plain_forward.runs_modules()
+    norm = model.get_decoder().norm
+    norm.forward = lambda hidden: hidden  # (a replaced forward, not a hook)
+    try:
+        assert engine.target.plain_forward.runs_modules()
+    finally:
+        del norm.forward
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        assert engine.target.plain_forward.runs_modules()  # (a global hook)
+    finally:
+        handle.remove()
