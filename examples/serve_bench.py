@@ -162,14 +162,14 @@ def main(argv=None):
     engine = SelfSpecModel.from_pretrained(args.model, heads=args.heads)
     prompts = list(CHAT_PROMPTS[:8])
     engine.generate([{"role": "user", "content": prompts[0]}], max_new_tokens=8)  # warm-up
-    expected, alone = {}, [0, 0.0]  # (tokens and seconds of the prompts one client sends, decoded here alone)
+    expected, alone_tokens, alone_seconds = {}, 0, 0.0  # (alone: the prompts one client sends, decoded here)
     for index, prompt in enumerate(prompts):
         started = time.perf_counter()
         out = engine.generate([{"role": "user", "content": prompt}], max_new_tokens=args.max_tokens)
         expected[prompt] = out.text
         if index < args.requests_per_client:
-            alone[0] += out.stats.new_tokens
-            alone[1] += time.perf_counter() - started
+            alone_tokens += out.stats.new_tokens
+            alone_seconds += time.perf_counter() - started
     del engine
     client_counts = [int(c) for c in args.clients.split(",")]
     servers = [("drafting (auto)", lambda: serve(args, "auto")), ("speculation off", lambda: serve(args, 0))]
@@ -213,7 +213,7 @@ def main(argv=None):
         print(f"| {label} | {clients} | {rate:.1f} | {t50:.2f} / {t95:.2f} | {g50:.0f} / {g95:.0f} | {done} | {errors} "
               f"| {'not checked' if wrong is None else wrong} |")
     print(f"\n`SelfSpecModel.generate` alone in this process, on the prompts one client sends: "
-          f"{alone[0] / alone[1]:.1f} tokens/s (the one-client drafting row adds HTTP, streaming and the scheduler).")
+          f"{alone_tokens / alone_seconds:.1f} tokens/s (the one-client drafting row adds HTTP, streaming and the scheduler).")
     if args.transformers_serve:
         print(f"\n{TRANSFORMERS_ROW}: transformers' dequantized float32 model of the same file, its answers not "
               "checked against `generate` (selfspec decodes the GGUF blocks with integer products: a near tie can "

@@ -28,7 +28,7 @@ from selfspec.attention_backends import takes_ordered_attention
 from selfspec.hf_compat import cache_arg
 from selfspec.kernel.attention import ordered_attention, visible_keys
 from selfspec.kernel import int8
-from selfspec.kernel.quantized import QuantizedLinear, QuantizedWeight
+from selfspec.kernel.quantized import QuantizedLinear, QuantizedWeight, kernel_takes
 
 
 def product(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -67,8 +67,7 @@ class SameInputProducts:
 
     def joined_product(self, x: torch.Tensor) -> torch.Tensor | None:
         """[..., sum of out_features]: every layer's output side by side, in one product; None where not joined."""
-        if (self.joined is None or torch.compiler.is_compiling() or x.dtype is not torch.float32 or not x.is_cpu
-                or (torch.is_grad_enabled() and x.requires_grad)
+        if (self.joined is None or torch.compiler.is_compiling() or not kernel_takes(x, self.joined.shape[1])
                 or not all(layer._backend == "int8" for layer in self.layers)):
             return None
         return int8.int8_linear(x, self.joined)
@@ -84,14 +83,13 @@ def _acting(hooks: dict) -> bool:
 
 
 def rms_norm(norm: torch.nn.Module, hidden: torch.Tensor) -> torch.Tensor:
-    """`LlamaRMSNorm.forward`'s operations, in its order (its two conversions are no-ops on float32 states)."""
-    if hidden.dtype is not torch.float32:
-        dtype = hidden.dtype
+    """`LlamaRMSNorm.forward`'s operations, in its order (its two conversions skipped where they are no-ops)."""
+    dtype = hidden.dtype
+    if dtype is not torch.float32:
         hidden = hidden.to(torch.float32)
-        variance = hidden.pow(2).mean(-1, keepdim=True)
-        return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon)).to(dtype)
     variance = hidden.pow(2).mean(-1, keepdim=True)
-    return norm.weight * (hidden * torch.rsqrt(variance + norm.variance_epsilon))
+    hidden = hidden * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * (hidden if dtype is torch.float32 else hidden.to(dtype))
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -111,7 +109,7 @@ class LlamaForward:
         # each module's hook dicts (mutated in place by register_*_hook), and the attribute dicts of the modules whose
         # forward this one replaces (it calls a Linear's forward: a patch there is honoured)
         self.hook_dicts = [hooks for m in decoder.modules() for hooks in (m._forward_hooks, m._forward_pre_hooks)]
-        self.replaced = [m.__dict__ for m in decoder.modules() if type(m) is not torch.nn.Linear]
+        self.replaced_forward_dicts = [m.__dict__ for m in decoder.modules() if type(m) is not torch.nn.Linear]
         self.qkv = [SameInputProducts(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
         self.gate_up = [SameInputProducts(l.mlp.gate_proj, l.mlp.up_proj) for l in self.layers]
 
@@ -146,7 +144,7 @@ class LlamaForward:
 
         return (bool(nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks)
                 or any(map(_acting, filter(None, self.hook_dicts)))
-                or any(map(operator.contains, self.replaced, repeat("forward"))))
+                or any(map(operator.contains, self.replaced_forward_dicts, repeat("forward"))))
 
     def __call__(self, input_ids: torch.Tensor, cache, attention_mask: torch.Tensor | None = None,
                  position_ids: torch.Tensor | None = None, feature_layers: tuple[int, ...] = ()):
@@ -160,7 +158,8 @@ class LlamaForward:
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
                                   **cache_arg(cache), position_ids=position_ids)
         cos, sin = decoder.rotary_emb(hidden, position_ids=position_ids)
-        rotary = cos[:, None], sin[:, None], cos[:, :, None], sin[:, :, None]  # for [B, heads, n, d] and [B, n, heads, d]
+        # for [B, heads, n, d] and for [B, n, heads, d]
+        rotary = cos[:, None], sin[:, None], cos[:, :, None], sin[:, :, None]
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
         if takes_ordered_attention(attend):  # (the mask read once here, not once a layer)
             batch, width = hidden.shape[:2]
@@ -188,9 +187,9 @@ class LlamaForward:
         joined = qkv.joined_product(x)
         if joined is not None:  # [B, n, q + k + v heads, d]: q's and k's heads rotated together
             heads = joined.view(*rows, -1, attn.head_dim)
-            rotating = qkv.sizes[0] // attn.head_dim + qkv.sizes[1] // attn.head_dim
-            rotated = rotate(heads[..., :rotating, :], cos_by_token, sin_by_token)
             query_heads = qkv.sizes[0] // attn.head_dim
+            rotating = query_heads + qkv.sizes[1] // attn.head_dim
+            rotated = rotate(heads[..., :rotating, :], cos_by_token, sin_by_token)
             query = rotated[..., :query_heads, :].transpose(1, 2)
             key = rotated[..., query_heads:, :].transpose(1, 2)
             value = heads[..., rotating:, :].transpose(1, 2)

@@ -204,14 +204,14 @@ class FewRowLinears:
         half_kernel = _load_bf16()[0] if draft_dtype is not None and draft_layers else None
         self._kernel, self._target_layers = kernel, target_layers
         self._draft_forwards = [(layer, _forward_of(layer, half_kernel or kernel, bfloat16=half_kernel is not None,
-                                                    int8=draft_dtype is torch.int8))
+                                                    int8=half_kernel is not None and _q8_0_draft(layer, draft_dtype)))
                                 for layer in draft_layers]
         self.route_one_row(False)  # sets `forwards` and `one_row`
-        # memory the copies of the draft layers' weights take once made (at their first routed product): bfloat16,
-        # or Q8_0 blocks (34 bytes a block of 32) where the layer's input size is a whole number of blocks
+        # memory the copies of the draft layers' weights take once made (at their first routed product): Q8_0 blocks
+        # (34 bytes a block of 32) or bfloat16
         self.draft_copy_bytes = sum(
-            layer.weight.numel() * 34 // 32 if draft_dtype is torch.int8 and layer.in_features % 32 == 0
-            else layer.weight.numel() * 2 for layer in draft_layers) if half_kernel else 0
+            layer.weight.numel() * 34 // 32 if _q8_0_draft(layer, draft_dtype) else layer.weight.numel() * 2
+            for layer in draft_layers) if half_kernel else 0
 
     def one_row_pays(self) -> bool:
         """Whether the model's one-row products run clearly faster through the kernel here (`one_row_pays`)."""
@@ -271,6 +271,12 @@ def _log_left_alone(count: int, kinds: tuple[str, ...]) -> None:
                 count, "/".join(kinds))
 
 
+def _q8_0_draft(layer: torch.nn.Linear, draft_dtype: torch.dtype | None) -> bool:
+    """Whether a drafter's layer keeps its weight as Q8_0 blocks under `draft_dtype`: int8, and an input size that is
+    a whole number of blocks of 32 (others stream bfloat16)."""
+    return draft_dtype is torch.int8 and layer.in_features % 32 == 0
+
+
 def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows: int = MIN_ROWS, int8: bool = False):
     """nn.Linear's forward for this layer, with its few-row products through the kernel. The weight is read at each
     call (accelerate's offloading hooks swap it in per forward; a layer converted in place, e.g. to half precision,
@@ -280,11 +286,10 @@ def _forward_of(layer: torch.nn.Linear, kernel, bfloat16: bool = False, min_rows
     (pruning replaces it by a plain attribute) goes through F.linear.
     bfloat16 (a drafter's layer, `kernel` the bfloat16-weight entry point): products over 1..MAX_ROWS rows (a
     drafter's one-row products are not plain decoding) with a bfloat16 copy of the weight, made at first use and
-    again whenever the weight's storage or version changes; with int8 too, a layer whose input size is a multiple of
-    32 keeps the weight rounded to Q8_0 blocks instead and multiplies through the int8 kernel (`int8.py`).
+    again whenever the weight's storage or version changes; int8 (with bfloat16, for a layer `_q8_0_draft` takes): the
+    copy is the weight rounded to Q8_0 blocks instead, multiplied through the int8 kernel (`int8.py`).
     min_rows: the fewest rows a float32 product it takes."""
     k_dim, min_rows, copy = layer.in_features, 1 if bfloat16 else min_rows, {}
-    int8 = int8 and bfloat16 and k_dim % 32 == 0
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         parameters = layer._parameters

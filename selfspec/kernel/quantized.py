@@ -224,8 +224,7 @@ class QuantizedLinear(torch.nn.Module):
         """x W^T through `backend` ("float" or "int8"; its weight layout): the kernel where it takes x, else F.linear
         over dequantized chunks (a gradient to record for x, another dtype or device)."""
         rows, in_features = x.numel() // weight.shape[1], weight.shape[1]
-        plain = (rows and x.dtype is torch.float32 and x.is_cpu and x.shape[-1] == in_features
-                 and not (torch.is_grad_enabled() and x.requires_grad))
+        plain = kernel_takes(x, in_features)
         if plain and backend == "int8":
             return int8_linear(x, weight)
         if plain and rows <= MAX_ROWS and not weight.interleaved:
@@ -267,6 +266,12 @@ class QuantizedEmbedding(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self._weight.name}"
+
+
+def kernel_takes(x: torch.Tensor, in_features: int) -> bool:
+    """Whether the kernel's products take x as it is: some float32 CPU rows of `in_features`, no gradient to record."""
+    return (x.numel() > 0 and x.dtype is torch.float32 and x.is_cpu and x.shape[-1] == in_features
+            and not (torch.is_grad_enabled() and x.requires_grad))
 
 
 def chunked_linear(x: torch.Tensor, weight: QuantizedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,12 +1,12 @@
-"""Who decodes which request, and when: one worker thread decodes the accepted jobs in continuous batches. It takes
-the oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs join
-it, oldest first, up to `max_batch` rows, each with its own sampling settings and seed (a batch has one draft length:
-a job asking another waits at the head of the queue, nothing more joins, and it starts the next batch); finished or
-cancelled rows leave after the step they end in (a batch of one decodes about as fast as `SelfSpecModel.stream`:
-SmolLM2, 64 tokens, 57-70 against 59-70 tokens/s). Every row decodes as if alone, so a request's tokens are exactly those `generate`
-returns for the same prompt and arguments (greedy or seeded), whatever else the server is doing. `max_batch=1`
-decodes one request at a time through `SelfSpecModel.stream`, as does an engine the batch cannot take (tree drafts
-asked for explicitly, a drafter whose drafts share work).
+"""Who decodes which request, and when: one worker thread decodes the accepted jobs in continuous batches. It takes the
+oldest waiting job and starts a batch with it (`selfspec/batch/joining.py`); before every step, waiting jobs join it,
+oldest first, up to `max_batch` rows, each with its own sampling settings and seed (a batch has one draft length: a job
+asking another waits at the head of the queue, nothing more joins, and it starts the next batch); finished or cancelled
+rows leave after the step they end in (a batch of one decodes about as fast as `SelfSpecModel.stream`: SmolLM2, 64
+tokens, one thread: 91-94 against 78-100 tokens/s). Every row decodes as if alone, so a request's tokens are exactly
+those `generate` returns for the same prompt and arguments (greedy or seeded), whatever else the server is doing.
+`max_batch=1` decodes one request at a time through `SelfSpecModel.stream`, as does an engine the batch cannot take
+(tree drafts asked for explicitly, a drafter whose drafts share work).
 
 Interface: `submit(job, on_event) -> Ticket`, `Ticket.cancel()`, `close(grace_s)`, `depth`, `active`. Knows the
 engine's `stream`, `JoiningBatch` and `Job`s of token ids; nothing about HTTP, JSON or text formats. Events go to each

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from transformers import DynamicCache
 
 from selfspec import SelfSpecModel
@@ -91,13 +92,11 @@ def test_other_families_keep_the_decoders_own_forward(family):
 
 
 def test_a_llama_with_biases_or_another_activation_keeps_the_decoders_forward():
-    assert LlamaForward.of(tiny_model("llama", seed=1, )) is not None
+    assert LlamaForward.of(tiny_model("llama", seed=1)) is not None
     for change in (dict(attention_bias=True), dict(mlp_bias=True), dict(hidden_act="gelu")):
         config = tiny_model("llama", seed=1).config
         for key, value in change.items():
             setattr(config, key, value)
-        import transformers
-
         model = transformers.LlamaForCausalLM(config).double().eval()
         assert LlamaForward.of(model) is None, change
 
