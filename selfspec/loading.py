@@ -181,6 +181,7 @@ def _kept_weight(tensor, layer, num_heads: int | None, unsupported: set):
     """The QuantizedWeight of GGUF `tensor` for nn.Linear `layer` (rows in the layer's order: Llama's q / k rows
     un-permuted as transformers does), or None where the type is not one the kernel reads or it does not dequantize
     bit for bit to the layer's float32 weight."""
+    from selfspec.kernel import k_quants
     from selfspec.kernel import quantized as q
 
     if tensor is None or not isinstance(layer, torch.nn.Linear):
@@ -189,6 +190,8 @@ def _kept_weight(tensor, layer, num_heads: int | None, unsupported: set):
         unsupported.add(tensor.tensor_type.name)
         return None
     blocks = torch.from_numpy(tensor.data.copy())  # [out_features, bytes a row], copied out of the memory-mapped file
+    if tensor.tensor_type.name in k_quants.FILE_BLOCK_BYTES:  # super-blocks re-blocked exactly into blocks of 32
+        blocks = k_quants.reblock(tensor.tensor_type.name, blocks)
     if num_heads:  # transformers' reverse permute of Llama's q / k rows, applied to whole rows of blocks
         rows = torch.arange(blocks.shape[0]).reshape(num_heads, -1, 2).transpose(1, 2).reshape(-1)
         blocks = blocks[rows].contiguous()

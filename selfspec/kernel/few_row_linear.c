@@ -318,6 +318,11 @@ long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
  *   Q4_0 (type 2): f16 d, 16 bytes of nibbles; w[j] = d * (low nibble of byte j - 8), w[16 + j] = d * (high - 8)
  *   Q4_1 (type 3): f16 d, f16 m, 16 bytes of nibbles; w[j] = d * low nibble + m, w[16 + j] = d * high + m
  *   Q8_0 (type 8): f16 d, 32 int8; w[j] = q[j] * d
+ * and two forms that are not the file's bytes but a K-quant's weights re-blocked exactly into blocks of 32
+ * (`selfspec/kernel/k_quants.py`; float32 scales, since a super-block's f16 scale times a sub-block's 6-bit one needs
+ * up to 18 bits):
+ *   Q4_K (type 12): f32 d, f32 m, 16 bytes of nibbles as Q4_1's; w[j] = d * low nibble + m, w[16 + j] = d * high + m
+ *   Q6_K (type 14): f32 d0, f32 d1, 32 int8; w[j] = d0 * q[j] for j < 16, d1 * q[j] for j >= 16
  * Each weight is dequantized in registers to the float32 value gguf's numpy dequantizer gives (a product, then a sum,
  * each rounded: the file is built with -ffp-contract=off so that d * q + m never becomes one fused rounding), and a
  * tile of a few weight rows is written to a small buffer in L1 and multiplied by every row of x by the float32 path
@@ -329,9 +334,15 @@ long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
 #include <string.h>
 
 #define QK 32
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 };
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
-INLINE long block_bytes(int type) { return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : 0; }
+INLINE long block_bytes(int type) {
+    return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : type == Q4_K ? 24 : type == Q6_K ? 40 : 0;
+}
+INLINE int float_scales(int type) { return type == Q4_K || type == Q6_K; }  /* (the re-blocked K-quants) */
+INLINE long header_bytes(int type) { return type == Q4_1 ? 4 : float_scales(type) ? 8 : 2; }  /* scales opening a block */
+INLINE int signed_bytes(int type) { return type == Q8_0 || type == Q6_K; }  /* else 16 bytes of nibbles */
+INLINE int has_min(int type) { return type == Q4_1 || type == Q4_K; }
 
 INLINE float half_at(const uint8_t *p) {
     unsigned short h;
@@ -339,8 +350,37 @@ INLINE float half_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
+INLINE float float_at(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
+
+/* One block of a re-blocked K-quant -> its 32 float32 weights (a product, then Q4_K's sum, each rounded as gguf's). */
+INLINE void dequantize_reblocked(const int type, const uint8_t *b, float *out) {
+    const float d = float_at(b), second = float_at(b + 4);
+    const uint8_t *q = b + 8;
+    for (int j = 0; j < QK / 2; j++) {
+        if (type == Q4_K) {
+            out[j] = d * (float)(q[j] & 15) + second;
+            out[QK / 2 + j] = d * (float)(q[j] >> 4) + second;
+        } else {
+            out[j] = d * (float)(int8_t)q[j];
+            out[QK / 2 + j] = second * (float)(int8_t)q[QK / 2 + j];
+        }
+    }
+}
+
 /* One block of `type` -> its 32 float32 weights in QK / LANES vectors (registers, where inlined). */
 INLINE void dequantize_vecs(const int type, const uint8_t *b, vec *v) {
+    if (float_scales(type)) {  /* (the float path over K-quants: correct, not tuned; the int8 path is their fast one) */
+        float w[QK];
+        dequantize_reblocked(type, b, w);
+        _Pragma("GCC unroll 4")
+        for (int i = 0; i < QK / LANES; i++)
+            v[i] = LOAD(w + i * LANES);
+        return;
+    }
     const float d = half_at(b);
 #if defined(__AVX512F__)
     const __m512 vd = _mm512_set1_ps(d);
@@ -518,6 +558,8 @@ int quantized_linear(int type, const float *x, long rows, long k_dim, const uint
     case Q4_0: quantized_linear_of(Q4_0, x, rows, k_dim, w, n_dim, y); return 0;
     case Q4_1: quantized_linear_of(Q4_1, x, rows, k_dim, w, n_dim, y); return 0;
     case Q8_0: quantized_linear_of(Q8_0, x, rows, k_dim, w, n_dim, y); return 0;
+    case Q4_K: quantized_linear_of(Q4_K, x, rows, k_dim, w, n_dim, y); return 0;
+    case Q6_K: quantized_linear_of(Q6_K, x, rows, k_dim, w, n_dim, y); return 0;
     default: return -1;
     }
 }
@@ -533,6 +575,8 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
         switch (type) {
         case Q4_0: dequantize_tile(Q4_0, row, 1, k_dim, out + r * k_dim); break;
         case Q4_1: dequantize_tile(Q4_1, row, 1, k_dim, out + r * k_dim); break;
+        case Q4_K: dequantize_tile(Q4_K, row, 1, k_dim, out + r * k_dim); break;
+        case Q6_K: dequantize_tile(Q6_K, row, 1, k_dim, out + r * k_dim); break;
         default: dequantize_tile(Q8_0, row, 1, k_dim, out + r * k_dim); break;
         }
     }
@@ -547,13 +591,14 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
  * it (so a row's result never depends on its neighbours, and the three paths below agree bit for bit):
  *   for each block b in k order:  acc = fma((float)isum[b], dw[b] * dx[b], acc)    (isum: the exact integer sum of
  *                                                                                    the block's 32 products)
- *   Q4_1 also:                    macc = fma(m[b], sx[b], macc)                     (sx = dx * sum of the block's q)
- *   y = acc (Q4_1: acc + macc)
- * with the weight's integers Q8_0 q, Q4_0 nibble - 8, Q4_1 nibble, and dw * dx one rounded product.
+ *   Q4_1, Q4_K also:              macc = fma(m[b], sx[b], macc)                     (sx = dx * sum of the block's q)
+ *   y = acc (Q4_1, Q4_K: acc + macc)
+ * with the weight's integers Q8_0 and Q6_K q, Q4_0 nibble - 8, Q4_1 and Q4_K nibble, and dw * dx one rounded product;
+ * Q6_K's block is two half-blocks of 16, each its own isum and scale, the first half's fma before the second's.
  *
  * The interleaved layout: the weight rows in groups of eight (a last group of fewer stays in the file's layout, after
- * the groups); a group's blocks in k order, each block of the eight rows stored as its eight scales (float16; Q4_1:
- * then its eight mins), then its quantized bytes in chunks of four: chunk c of rows 0..7, then chunk c + 1 (Q4_0 and
+ * the groups); a group's blocks in k order, each block of the eight rows stored as its eight scales (float16, the
+ * re-blocked K-quants float32; Q4_1 and Q4_K: then its eight mins; Q6_K: then its eight second scales), then its quantized bytes in chunks of four: chunk c of rows 0..7, then chunk c + 1 (Q4_0 and
  * Q4_1: 4 chunks of nibble bytes, low nibbles weights 4c .. 4c + 3, high nibbles 16 + 4c ..; Q8_0: 8 chunks). So one
  * 32-byte load holds four consecutive weights of each of the eight rows, and multiplied by four bytes of x repeated
  * eight times gives each row's sum of those four products in its own 32-bit lane: the eight rows' outputs are the
@@ -594,11 +639,11 @@ static void quantize_activations(const float *x, long rows, long k_dim, int8_t *
 
 /* The weight integers of one block in the file's layout, in order (byte j: weight j). */
 static inline void block_integers(const int type, const uint8_t *b, int8_t *q) {
-    if (type == Q8_0) {
-        memcpy(q, b + 2, QK);
+    if (signed_bytes(type)) {
+        memcpy(q, b + header_bytes(type), QK);
         return;
     }
-    const uint8_t *qs = b + (type == Q4_1 ? 4 : 2);
+    const uint8_t *qs = b + header_bytes(type);
     const int offset = type == Q4_0 ? 8 : 0;
     for (int j = 0; j < QK / 2; j++) {
         q[j] = (int8_t)((qs[j] & 15) - offset);
@@ -606,12 +651,17 @@ static inline void block_integers(const int type, const uint8_t *b, int8_t *q) {
     }
 }
 
-INLINE int halves_of(int type) { return type == Q4_1 ? 2 : 1; }
+/* Scale `which` (0: d; 1: Q4_1's and Q4_K's m, Q6_K's second d) of a block in the file's layout (lane < 0) or of
+ * lane `lane` of an interleaved group's block. */
+INLINE float block_scale(const int type, const uint8_t *b, int lane, int which) {
+    const long unit = float_scales(type) ? 4 : 2, at = lane < 0 ? which * unit : (which * GROUP_ROWS + lane) * unit;
+    return float_scales(type) ? float_at(b + at) : half_at(b + at);
+}
 
 /* Weight j of lane `lane` in an interleaved group's block `gb`, as an integer. */
 INLINE int grouped_integer(const int type, const uint8_t *gb, int lane, int j) {
-    const uint8_t *q = gb + 16 * halves_of(type);
-    if (type == Q8_0)
+    const uint8_t *q = gb + GROUP_ROWS * header_bytes(type);
+    if (signed_bytes(type))
         return (int8_t)q[(j / 4) * 32 + lane * 4 + j % 4];
     const int byte = j % 16, v = q[(byte / 4) * 32 + lane * 4 + byte % 4];
     const int nibble = j < 16 ? v & 15 : v >> 4;
@@ -626,29 +676,27 @@ static float int8_output_scalar(const int type, const int8_t *xq, const float *x
     float acc = 0.0f, macc = 0.0f;
     for (long b = 0; b < blocks; b++) {
         int8_t q[QK];
-        float dw, m = 0.0f;
-        if (lane < 0) {
-            const uint8_t *block = g + b * per_block;
+        const uint8_t *block = lane < 0 ? g + b * per_block : g + b * GROUP_ROWS * per_block;
+        if (lane < 0)
             block_integers(type, block, q);
-            dw = half_at(block);
-            if (type == Q4_1)
-                m = half_at(block + 2);
-        } else {
-            const uint8_t *gb = g + b * GROUP_ROWS * per_block;
+        else
             for (int j = 0; j < QK; j++)
-                q[j] = (int8_t)grouped_integer(type, gb, lane, j);
-            dw = half_at(gb + 2 * lane);
-            if (type == Q4_1)
-                m = half_at(gb + 16 + 2 * lane);
+                q[j] = (int8_t)grouped_integer(type, block, lane, j);
+        const float dw = block_scale(type, block, lane, 0), second = block_scale(type, block, lane, 1);
+        int isum = 0, isum1 = 0;
+        for (int j = 0; j < QK; j++) {
+            if (type == Q6_K && j >= QK / 2)
+                isum1 += q[j] * xq[b * QK + j];
+            else
+                isum += q[j] * xq[b * QK + j];
         }
-        int isum = 0;
-        for (int j = 0; j < QK; j++)
-            isum += q[j] * xq[b * QK + j];
         acc = fmaf((float)isum, dw * xd[b], acc);
-        if (type == Q4_1)
-            macc = fmaf(m, xs[b], macc);
+        if (type == Q6_K)
+            acc = fmaf((float)isum1, second * xd[b], acc);
+        if (has_min(type))
+            macc = fmaf(second, xs[b], macc);
     }
-    return type == Q4_1 ? acc + macc : acc;
+    return has_min(type) ? acc + macc : acc;
 }
 
 /* One path's kernel for one interleaved group `g` of eight weight rows against P <= INT8_PASS_ROWS rows of x: eight
@@ -663,10 +711,14 @@ __attribute__((always_inline, target(TARGET))) static inline void int8_group_##I
     __m256 acc[INT8_PASS_ROWS], macc[INT8_PASS_ROWS];                                                                \
     _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) acc[r] = macc[r] = _mm256_setzero_ps();                     \
     for (long b = 0; b < blocks; b++) {                                                                              \
-        const uint8_t *gb = g + b * group_block, *qs = gb + 16 * halves_of(type);                                    \
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));                                     \
-        __m256i u[8], w[8];  /* chunk c: weights 4c .. 4c + 3 of each row; u unsigned, w the signed Q8_0 bytes */   \
-        if (type == Q8_0) {                                                                                          \
+        const uint8_t *gb = g + b * group_block, *qs = gb + GROUP_ROWS * header_bytes(type);                         \
+        const __m256 dw = float_scales(type) ? _mm256_loadu_ps((const float *)gb)                                    \
+                                             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)gb));               \
+        /* Q4_1's and Q4_K's mins, Q6_K's second scales */                                                          \
+        const __m256 second = float_scales(type) ? _mm256_loadu_ps((const float *)(gb + 32))                         \
+                                                 : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16)));    \
+        __m256i u[8], w[8];  /* chunk c: weights 4c .. 4c + 3 of each row; u unsigned, w the signed bytes */         \
+        if (signed_bytes(type)) {                                                                                    \
             _Pragma("GCC unroll 8") for (int c = 0; c < 8; c++) {                                                    \
                 w[c] = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));                                           \
                 u[c] = _mm256_abs_epi8(w[c]);                                                                        \
@@ -686,23 +738,28 @@ __attribute__((always_inline, target(TARGET))) static inline void int8_group_##I
                 int32_t four;                                                                                        \
                 memcpy(&four, xb + 4 * c, 4);                                                                        \
                 __m256i xv = _mm256_set1_epi32(four);                                                                \
-                if (type == Q8_0)                                                                                    \
+                if (signed_bytes(type))                                                                              \
                     xv = _mm256_sign_epi8(xv, w[c]);                                                                 \
-                if (c % 2) isum1 = DOT(isum1, u[c], xv);                                                             \
+                /* (two chains of exact integers: Q6_K's are its two half-blocks, summed apart) */                   \
+                if (type == Q6_K ? c >= 4 : c % 2) isum1 = DOT(isum1, u[c], xv);                                      \
                 else isum0 = DOT(isum0, u[c], xv);                                                                   \
+            }                                                                                                        \
+            const __m256 vxd = _mm256_set1_ps(xd[r * blocks + b]);                                                   \
+            if (type == Q6_K) {                                                                                      \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum0), _mm256_mul_ps(dw, vxd), acc[r]);                 \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum1), _mm256_mul_ps(second, vxd), acc[r]);             \
+                continue;                                                                                            \
             }                                                                                                        \
             __m256i isum = _mm256_add_epi32(isum0, isum1);                                                           \
             if (type == Q4_0)                                                                                        \
                 isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xsum[r * blocks + b]));                          \
-            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[r * blocks + b]));                              \
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r]);                                       \
-            if (type == Q4_1)                                                                                        \
-                macc[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(gb + 16))),             \
-                                          _mm256_set1_ps(xs[r * blocks + b]), macc[r]);                              \
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, vxd), acc[r]);                      \
+            if (has_min(type))                                                                                       \
+                macc[r] = _mm256_fmadd_ps(second, _mm256_set1_ps(xs[r * blocks + b]), macc[r]);                      \
         }                                                                                                            \
     }                                                                                                                \
     _Pragma("GCC unroll 4") for (int r = 0; r < P; r++)                                                              \
-        _mm256_storeu_ps(y + r * ldy, type == Q4_1 ? _mm256_add_ps(acc[r], macc[r]) : acc[r]);                       \
+        _mm256_storeu_ps(y + r * ldy, has_min(type) ? _mm256_add_ps(acc[r], macc[r]) : acc[r]);                      \
 }                                                                                                                    \
                                                                                                                      \
 __attribute__((target(TARGET))) static void int8_groups_##ISA(                                                       \
@@ -722,6 +779,8 @@ __attribute__((target(TARGET))) static void int8_groups_##ISA(                  
                 if (p != P) continue;                                                                                \
                 if (type == Q4_0) int8_group_##ISA(p, Q4_0, xm, dm, sm, im, k_dim, wg, ldy, yg);                     \
                 else if (type == Q4_1) int8_group_##ISA(p, Q4_1, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
+                else if (type == Q4_K) int8_group_##ISA(p, Q4_K, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
+                else if (type == Q6_K) int8_group_##ISA(p, Q6_K, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
                 else int8_group_##ISA(p, Q8_0, xm, dm, sm, im, k_dim, wg, ldy, yg);                                  \
             }                                                                                                        \
         }                                                                                                            \

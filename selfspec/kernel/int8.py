@@ -21,8 +21,9 @@ GROUP_ROWS = 8  # weight rows interleaved together (the kernel's GROUP_ROWS)
 
 def interleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     """GGUF rows [n, row bytes] (uint8) -> the same bytes in the int8 kernel's layout: full groups of GROUP_ROWS rows,
-    each block of a group its eight rows' float16 scales (Q4_1: then their mins), then their quantized bytes in chunks
-    of four (chunk c of rows 0..7, then chunk c + 1); the last n % 8 rows as they were."""
+    each block of a group its eight rows' scales (then their second scales: Q4_1's and Q4_K's mins, Q6_K's d of its
+    second half-block), then their quantized bytes in chunks of four (chunk c of rows 0..7, then chunk c + 1); the last
+    n % 8 rows as they were."""
     return _permuted(blocks, qtype, inverse=False)
 
 
@@ -32,11 +33,12 @@ def deinterleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def _permuted(blocks: torch.Tensor, qtype: int, inverse: bool) -> torch.Tensor:
-    from selfspec.kernel.quantized import BLOCK_BYTES, TYPES  # (quantized.py imports this module)
+    from selfspec.kernel.quantized import BLOCK_BYTES, BLOCK_SCALES  # (quantized.py imports this module)
 
     block_bytes = BLOCK_BYTES[qtype]
-    halves = 2 if qtype == TYPES["Q4_1"] else 1  # float16 values opening a block: d, and Q4_1's m
-    chunks = (block_bytes - 2 * halves) // 4
+    scales_count, scale_bytes = BLOCK_SCALES[qtype]  # the scales opening a block
+    header = scales_count * scale_bytes
+    chunks = (block_bytes - header) // 4
     n_rows, row_bytes = blocks.shape
     groups, per_row = n_rows // GROUP_ROWS, row_bytes // block_bytes
     out = blocks.clone()
@@ -44,13 +46,16 @@ def _permuted(blocks: torch.Tensor, qtype: int, inverse: bool) -> torch.Tensor:
         grouped = blocks[:groups * GROUP_ROWS]
         if not inverse:  # [G, 8, blocks, bytes] -> [G, blocks, (halves, 8, 2) + (chunks, 8, 4)]
             by_row = grouped.reshape(groups, GROUP_ROWS, per_row, block_bytes)
-            scales = by_row[..., :2 * halves].reshape(groups, GROUP_ROWS, per_row, halves, 2).permute(0, 2, 3, 1, 4)
-            quants = by_row[..., 2 * halves:].reshape(groups, GROUP_ROWS, per_row, chunks, 4).permute(0, 2, 3, 1, 4)
+            scales = by_row[..., :header].reshape(groups, GROUP_ROWS, per_row, scales_count, scale_bytes)
+            scales = scales.permute(0, 2, 3, 1, 4)
+            quants = by_row[..., header:].reshape(groups, GROUP_ROWS, per_row, chunks, 4).permute(0, 2, 3, 1, 4)
             parts = [scales.reshape(groups, per_row, -1), quants.reshape(groups, per_row, -1)]
         else:
             by_block = grouped.reshape(groups, per_row, GROUP_ROWS * block_bytes)
-            scales = by_block[..., :16 * halves].reshape(groups, per_row, halves, GROUP_ROWS, 2).permute(0, 3, 1, 2, 4)
-            quants = by_block[..., 16 * halves:].reshape(groups, per_row, chunks, GROUP_ROWS, 4).permute(0, 3, 1, 2, 4)
+            scales = by_block[..., :GROUP_ROWS * header].reshape(groups, per_row, scales_count, GROUP_ROWS, scale_bytes)
+            scales = scales.permute(0, 3, 1, 2, 4)
+            quants = by_block[..., GROUP_ROWS * header:].reshape(groups, per_row, chunks, GROUP_ROWS, 4)
+            quants = quants.permute(0, 3, 1, 2, 4)
             parts = [scales.reshape(groups, GROUP_ROWS, per_row, -1), quants.reshape(groups, GROUP_ROWS, per_row, -1)]
         out[:groups * GROUP_ROWS] = torch.cat(parts, dim=-1).reshape(groups * GROUP_ROWS, row_bytes)
     return out

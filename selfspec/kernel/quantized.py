@@ -28,10 +28,14 @@ from selfspec.kernel import few_row_linear, int8
 from selfspec.kernel.backends import resolve_backend
 from selfspec.kernel.int8 import int8_linear
 
-# GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row
-# (gguf.GGML_QUANT_SIZES; the kernel's own table, tested equal).
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
-BLOCK_BYTES = {2: 18, 3: 20, 8: 34}
+# GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row (the kernel's
+# own table, tested equal). Q4_0, Q4_1, Q8_0: the file's blocks (gguf.GGML_QUANT_SIZES). Q4_K, Q6_K: a K-quant's
+# weights re-blocked exactly into blocks of 32 (`k_quants.reblock`: float32 scales; not the file's super-blocks).
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+BLOCK_BYTES = {2: 18, 3: 20, 8: 34, 12: 24, 14: 40}
+# The scales opening a block: (how many, bytes each: 2 float16, 4 float32), d first (then Q4_1's and Q4_K's m,
+# Q6_K's second half-block's d).
+BLOCK_SCALES = {2: (1, 2), 3: (2, 2), 8: (1, 2), 12: (2, 4), 14: (2, 4)}
 BLOCK_WEIGHTS = 32
 MAX_ROWS = few_row_linear.MAX_ROWS
 # Weights dequantized at a time for products over more than MAX_ROWS rows (and whole-weight uses): 16 MB of float32.
@@ -64,14 +68,15 @@ def random_weight(qtype: int | str, out_features: int, in_features: int, seed: i
     generator = torch.Generator().manual_seed(seed)
     blocks = torch.randint(0, 256, (out_features, in_features // BLOCK_WEIGHTS, BLOCK_BYTES[qtype]), dtype=torch.uint8,
                            generator=generator)
-    halves = 2 if qtype == TYPES["Q4_1"] else 1  # (d, and Q4_1's m: float16 values in the block's first bytes)
-    scales = (torch.rand(out_features, in_features // BLOCK_WEIGHTS, halves, generator=generator) * 0.02 - 0.005)
-    blocks[..., :2 * halves] = scales.to(torch.float16).view(torch.uint8)
+    count, size = BLOCK_SCALES[qtype]  # (the scales opening each block: finite values)
+    scales = (torch.rand(out_features, in_features // BLOCK_WEIGHTS, count, generator=generator) * 0.02 - 0.005)
+    blocks[..., :count * size] = scales.to(torch.float16 if size == 2 else torch.float32).view(torch.uint8)
     return QuantizedWeight(blocks.reshape(out_features, -1).contiguous(), qtype, in_features)
 
 
 def type_id(qtype: int | str) -> int:
-    """A GGML type id (2, 3, 8) or name ("Q4_0", "Q4_1", "Q8_0"), checked to be one the kernel reads."""
+    """A GGML type id (2, 3, 8, 12, 14) or name ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"), checked to be one the kernel
+    reads."""
     qtype = TYPES.get(qtype, qtype) if isinstance(qtype, str) else int(qtype)
     if qtype not in BLOCK_BYTES:
         raise ValueError(f"GGUF type {qtype!r}: selfspec keeps only {tuple(TYPES)} quantized (the rest dequantize)")

@@ -125,15 +125,16 @@ def sharpened(model, factor: float):
     return model
 
 
-def scrambled_model(family, seed=0, **kwargs):
+def scrambled_model(family, seed=0, noise=0.2, **kwargs):
     """A tiny model whose layers matter: random init ties embeddings and keeps layers near the identity, so several
-    families would just repeat the last token (every early-exit draft trivially right, every EOS at once)."""
+    families would just repeat the last token (every early-exit draft trivially right, every EOS at once). noise: the
+    scale of the random weights added (wider models need less to stop repeating, and more makes them never repeat)."""
     model = tiny_model(family, seed=seed, **kwargs)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.get_decoder().parameters():
             if p.dim() == 2 and p is not model.get_input_embeddings().weight:
-                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.2)
+                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype) * noise)
     return model
 
 

@@ -10,10 +10,12 @@ import torch.nn.functional as F
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import weight_share
 from selfspec.kernel import few_row_linear as frl
+from selfspec.kernel import k_quants
 from selfspec.kernel import quantized as q
 from selfspec.loading import load_model, plain_copy
 from tests.conftest import random_prompt, repetitive_prompt
 from tests.selfspec.exercised import assert_exercised, scrambled_model
+from tests.selfspec.kernel import k_quant_blocks
 
 gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType, quants  # noqa: E402
@@ -21,18 +23,62 @@ from gguf import GGMLQuantizationType, quants  # noqa: E402
 TYPES = list(q.TYPES)
 
 
+def file_blocks(weights: np.ndarray, qtype: str) -> np.ndarray:
+    """The GGUF file's bytes of `weights` [n, k] quantized to `qtype` (gguf's quantizer; ours for K-quants)."""
+    if qtype in k_quants.FILE_BLOCK_BYTES:
+        return k_quant_blocks.quantize(weights, qtype)
+    return quants.quantize(weights, GGMLQuantizationType[qtype])
+
+
 def quantized_weight(qtype: str, n_dim: int, k_dim: int, seed: int = 0):
-    """(QuantizedWeight, [n, k] float32 weights as gguf's dequantizer gives them) of random weights."""
-    weights = np.random.default_rng(seed).standard_normal((n_dim, k_dim)).astype(np.float32)
-    blocks = quants.quantize(weights, GGMLQuantizationType[qtype])
+    """(QuantizedWeight, [n, k] float32 weights as gguf's dequantizer gives them) of random weights. A K-quant's rows
+    are whole super-blocks of 256 in the file: quantized at the next multiple of 256, then re-blocked (`k_quants`) and
+    cut to k_dim (its blocks of 32 stand alone)."""
+    padded = -(-k_dim // k_quants.SUPER_WEIGHTS) * k_quants.SUPER_WEIGHTS if qtype in k_quants.FILE_BLOCK_BYTES else k_dim
+    weights = np.random.default_rng(seed).standard_normal((n_dim, padded)).astype(np.float32)
+    blocks = file_blocks(weights, qtype)
     reference = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType[qtype]).astype(np.float32))
-    return q.QuantizedWeight(torch.from_numpy(blocks.copy()), qtype, k_dim), reference
+    blocks = torch.from_numpy(blocks.copy())
+    if qtype in k_quants.FILE_BLOCK_BYTES:
+        blocks = k_quants.reblock(qtype, blocks)
+    row_bytes = k_dim // q.BLOCK_WEIGHTS * q.BLOCK_BYTES[q.TYPES[qtype]]
+    return q.QuantizedWeight(blocks[:, :row_bytes].contiguous(), qtype, k_dim), reference[:, :k_dim].contiguous()
 
 
 def test_block_sizes_are_ggufs():
     for name, code in q.TYPES.items():
         assert GGMLQuantizationType[name] == code
-        assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (q.BLOCK_WEIGHTS, q.BLOCK_BYTES[code])
+        count, size = q.BLOCK_SCALES[code]
+        if name in k_quants.FILE_BLOCK_BYTES:  # the file's super-blocks; kept re-blocked: two float32 scales a block
+            assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (k_quants.SUPER_WEIGHTS,
+                                                                          k_quants.FILE_BLOCK_BYTES[name])
+            assert (count, size) == (2, 4) and q.BLOCK_BYTES[code] == 8 + (16 if name == "Q4_K" else 32)
+        else:
+            assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (q.BLOCK_WEIGHTS, q.BLOCK_BYTES[code])
+            assert size == 2 and q.BLOCK_BYTES[code] == 2 * count + (32 if name == "Q8_0" else 16)
+
+
+@pytest.mark.parametrize("qtype", list(k_quants.FILE_BLOCK_BYTES))
+def test_k_quants_reblock_to_ggufs_weights_and_refuse_other_bytes(needs_kernel, qtype):
+    """Whole super-blocks of every byte value (scales included: gguf's test files are llama.cpp's, ours random) ->
+    the kept blocks dequantize to gguf's weights bit for bit."""
+    size, generator = k_quants.FILE_BLOCK_BYTES[qtype], torch.Generator().manual_seed(7)
+    data = torch.randint(0, 256, (9, 3, size), dtype=torch.uint8, generator=generator)
+    halves = slice(0, 4) if qtype == "Q4_K" else slice(208, 210)  # the float16 scales: finite, either sign
+    scales = (torch.rand(9, 3, 2 if qtype == "Q4_K" else 1, generator=generator) - 0.5) * 0.02
+    data[..., halves] = scales.to(torch.float16).view(torch.uint8).reshape(9, 3, -1)
+    data = data.reshape(9, -1)
+    reference = torch.from_numpy(quants.dequantize(data.numpy(), GGMLQuantizationType[qtype]).astype(np.float32))
+    weight = q.QuantizedWeight(k_quants.reblock(qtype, data), qtype, 3 * k_quants.SUPER_WEIGHTS)
+    assert torch.equal(weight.dequantize(), reference.reshape(9, -1))
+    planted = data.clone()
+    planted[0, 4 if qtype == "Q4_K" else 192] ^= 1  # one sub-block's scale
+    assert not torch.equal(q.QuantizedWeight(k_quants.reblock(qtype, planted), qtype, 768).dequantize(),
+                           weight.dequantize())
+    with pytest.raises(ValueError, match="whole super-blocks"):
+        k_quants.reblock(qtype, data[:, :-1])
+    with pytest.raises(ValueError, match="K-quants"):
+        k_quants.reblock("Q5_K", data)
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -87,7 +133,7 @@ def test_a_quantized_weight_reads_like_the_float_weight(needs_kernel):
     assert torch.equal(weight[2:5], reference[2:5]) and torch.equal(torch.mul(weight, 2), reference * 2)
     assert torch.equal(weight.sum(0), reference.sum(0))
     with pytest.raises(ValueError, match="keeps only"):
-        q.QuantizedWeight(weight.blocks, "Q4_K", 64)
+        q.QuantizedWeight(weight.blocks, "Q5_K", 64)
     with pytest.raises(ValueError, match="bytes"):
         q.QuantizedWeight(weight.blocks[:, :-1].contiguous(), "Q4_0", 64)
 
@@ -116,7 +162,7 @@ def write_gguf(model, path, qtype: str) -> None:
     def add(name, weight, quantize=True):
         weight = weight.detach().float().numpy()
         if quantize:
-            writer.add_tensor(name, quants.quantize(weight, GGMLQuantizationType[qtype]),
+            writer.add_tensor(name, file_blocks(weight, qtype),
                               raw_dtype=GGMLQuantizationType[qtype])
         else:
             writer.add_tensor(name, weight)
@@ -140,13 +186,21 @@ def write_gguf(model, path, qtype: str) -> None:
     writer.close()
 
 
+def tiny_gguf_file(qtype: str, directory) -> str:
+    """A tiny scrambled Llama (tied embeddings) written as a GGUF file of `qtype` (K-quants: rows of 256 weights, and
+    less noise: at 0.2 that width never repeats itself, so n-gram drafts were never accepted)."""
+    wide = qtype in k_quants.FILE_BLOCK_BYTES
+    model = scrambled_model("llama", dtype=torch.float32, hidden=256 if wide else 64, noise=0.05 if wide else 0.2,
+                            num_layers=2, vocab_size=256)
+    model.config.tie_word_embeddings = True
+    path = directory / f"tiny.{qtype}.gguf"
+    write_gguf(model, path, qtype)
+    return path
+
+
 @pytest.fixture(params=TYPES)
 def gguf_file(request, tmp_path):
-    model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=256)
-    model.config.tie_word_embeddings = True
-    path = tmp_path / f"tiny.{request.param}.gguf"
-    write_gguf(model, path, request.param)
-    return path
+    return tiny_gguf_file(request.param, tmp_path)
 
 
 def test_a_gguf_llama_generates_the_dequantized_models_tokens(needs_kernel, gguf_file):

@@ -19,34 +19,44 @@ SHAPES = [(1, 32), (7, 96), (37, 608), (66, 160)]
 def int8_reference(x: torch.Tensor, weight: q.QuantizedWeight) -> torch.Tensor:
     """[rows, n] the int8 backend's result, written out naively: x [rows, k] rounded per block of 32 to int8 (scale
     max |x| / 127, x * (1 / scale) rounded half to even), each block's 32 products summed exactly, and block after
-    block acc = fma(float(block sum), weight scale * x scale, acc); for Q4_1 also macc = fma(block min, x scale * sum
-    of x's integers, macc), added at the end. (The fused multiply-add is emulated in float64: the product is exact
+    block acc = fma(float(block sum), weight scale * x scale, acc) (Q6_K: per half-block of 16, with its own scale,
+    the first half first); for Q4_1 and Q4_K also macc = fma(block min, x scale * sum of x's integers, macc), added at
+    the end. (The fused multiply-add is emulated in float64: the product is exact
     there, and the sum's rounding before float32's differs from one rounding only on a float32 tie, ~2^-28 a step.)"""
     n_dim, k_dim = weight.shape
     rows, blocks = x.shape[0], k_dim // q.BLOCK_WEIGHTS
     file_bytes = int8.deinterleave(weight.blocks, weight.qtype) if weight.interleaved else weight.blocks
     raw = file_bytes.view(n_dim, blocks, q.BLOCK_BYTES[weight.qtype])
-    half = lambda at: raw[..., at:at + 2].contiguous().view(torch.float16).float()[..., 0]  # noqa: E731
-    scale_w = half(0)  # [n, blocks]
-    if weight.name == "Q8_0":
-        integers = raw[..., 2:].contiguous().view(torch.int8).long()  # [n, blocks, 32]
+    count, size = q.BLOCK_SCALES[weight.qtype]
+    scale_type = torch.float16 if size == 2 else torch.float32
+    scale = lambda i: raw[..., i * size:(i + 1) * size].contiguous().view(scale_type).float()[..., 0]  # noqa: E731
+    scale_w, header = scale(0), count * size  # [n, blocks]
+    if weight.name in ("Q8_0", "Q6_K"):
+        integers = raw[..., header:].contiguous().view(torch.int8).long()  # [n, blocks, 32]
     else:
-        nibbles = raw[..., 4:] if weight.name == "Q4_1" else raw[..., 2:]
+        nibbles = raw[..., header:]
         integers = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).long() - (8 if weight.name == "Q4_0" else 0)
     x_blocks = x.view(rows, blocks, q.BLOCK_WEIGHTS)
     scale_x = x_blocks.abs().amax(-1) / 127  # [rows, blocks]
     inverse = torch.where(scale_x != 0, 1 / scale_x, torch.zeros(()))
     x_ints = torch.round(x_blocks * inverse[..., None]).clamp(-127, 127).long()
-    sums = (x_ints[:, None] * integers[None]).sum(-1)  # [rows, n, blocks], exact
+    products = x_ints[:, None] * integers[None]  # [rows, n, blocks, 32], exact
     scales = scale_w[None] * scale_x[:, None]  # [rows, n, blocks], float32 products
 
     def fma(a, b, c):
         return (a.double() * b.double() + c.double()).float()
     acc = torch.zeros(rows, n_dim)
+    if weight.name == "Q6_K":  # two half-blocks of 16, each its own scale: the first half's fma, then the second's
+        second = scale(1)[None] * scale_x[:, None]
+        for b in range(blocks):
+            acc = fma(products[:, :, b, :16].sum(-1).float(), scales[:, :, b], acc)
+            acc = fma(products[:, :, b, 16:].sum(-1).float(), second[:, :, b], acc)
+        return acc
+    sums = products.sum(-1)
     for b in range(blocks):
         acc = fma(sums[:, :, b].float(), scales[:, :, b], acc)
-    if weight.name == "Q4_1":
-        sums_x, mins, total = scale_x * x_ints.sum(-1).float(), half(2), torch.zeros(rows, n_dim)
+    if weight.name in ("Q4_1", "Q4_K"):
+        sums_x, mins, total = scale_x * x_ints.sum(-1).float(), scale(1), torch.zeros(rows, n_dim)
         for b in range(blocks):
             total = fma(mins[None, :, b].expand(rows, -1), sums_x[:, None, b].expand(-1, n_dim), total)
         acc = acc + total
@@ -219,14 +229,9 @@ def test_measuring_times_both_backends(needs_kernel):
 @pytest.fixture(params=TYPES)
 def int8_model(request, tmp_path):
     """A tiny Llama written to a GGUF file of `qtype`, loaded with its blocks kept, every linear on the int8 backend."""
-    from tests.selfspec.exercised import scrambled_model
-    from tests.selfspec.kernel.test_quantized import write_gguf
+    from tests.selfspec.kernel.test_quantized import tiny_gguf_file
 
-    model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=256)
-    model.config.tie_word_embeddings = True
-    path = tmp_path / f"tiny.{request.param}.gguf"
-    write_gguf(model, path, request.param)
-    kept = load_model(path)
+    kept = load_model(tiny_gguf_file(request.param, tmp_path))
     backends.use_backend(kept, "int8")
     linears = [m for m in kept.modules() if isinstance(m, q.QuantizedLinear)]
     assert linears and all(m.backend == "int8" for m in linears)
