@@ -170,7 +170,7 @@ def keep_quantized(model, path: str, required: bool = False, backend: str | None
         kept += 1
     if unsupported:
         logger.info("selfspec: %s: GGUF types %s stay float32 (the kernel reads %s)", os.path.basename(path),
-                    sorted(unsupported), tuple(q.TYPES))
+                    sorted(unsupported), tuple(q.TYPES) + ("Q5_0",))
     if required and not kept:
         raise ValueError(f"quantized='keep' but no linear layer of {path} is of a type the kernel reads "
                          f"({tuple(q.TYPES)})")
@@ -181,21 +181,22 @@ def _kept_weight(tensor, layer, num_heads: int | None, unsupported: set):
     """The QuantizedWeight of GGUF `tensor` for nn.Linear `layer` (rows in the layer's order: Llama's q / k rows
     un-permuted as transformers does), or None where the type is not one the kernel reads or it does not dequantize
     bit for bit to the layer's float32 weight."""
-    from selfspec.kernel import k_quants
     from selfspec.kernel import quantized as q
+    from selfspec.kernel import reblock
 
     if tensor is None or not isinstance(layer, torch.nn.Linear):
         return None
-    if tensor.tensor_type.name not in q.TYPES:
-        unsupported.add(tensor.tensor_type.name)
+    name = tensor.tensor_type.name
+    if name not in q.TYPES and name not in reblock.FILE_BLOCKS:
+        unsupported.add(name)
         return None
     blocks = torch.from_numpy(tensor.data.copy())  # [out_features, bytes a row], copied out of the memory-mapped file
-    if tensor.tensor_type.name in k_quants.FILE_BLOCK_BYTES:  # super-blocks re-blocked exactly into blocks of 32
-        blocks = k_quants.reblock(tensor.tensor_type.name, blocks)
+    if name in reblock.FILE_BLOCKS:  # (K-quants, Q5_0: re-blocked exactly into the kernel's blocks of 32)
+        blocks, name = reblock.reblocked(name, blocks), reblock.KEPT_AS[name]
     if num_heads:  # transformers' reverse permute of Llama's q / k rows, applied to whole rows of blocks
         rows = torch.arange(blocks.shape[0]).reshape(num_heads, -1, 2).transpose(1, 2).reshape(-1)
         blocks = blocks[rows].contiguous()
-    weight = q.QuantizedWeight(blocks, tensor.tensor_type.name, layer.in_features)
+    weight = q.QuantizedWeight(blocks, name, layer.in_features)
     if weight.shape != layer.weight.shape or not torch.equal(weight.dequantize(), layer.weight.detach()):
         logger.warning("selfspec: GGUF tensor %s does not dequantize to the weight transformers loaded for it; that "
                        "layer stays float32", tensor.name)

@@ -319,7 +319,7 @@ long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
  *   Q4_1 (type 3): f16 d, f16 m, 16 bytes of nibbles; w[j] = d * low nibble + m, w[16 + j] = d * high + m
  *   Q8_0 (type 8): f16 d, 32 int8; w[j] = q[j] * d
  * and two forms that are not the file's bytes but a K-quant's weights re-blocked exactly into blocks of 32
- * (`selfspec/kernel/k_quants.py`; float32 scales, since a super-block's f16 scale times a sub-block's 6-bit one needs
+ * (`selfspec/kernel/reblock.py`; float32 scales, since a super-block's f16 scale times a sub-block's 6-bit one needs
  * up to 18 bits):
  *   Q4_K (type 12): f32 d, f32 m, 16 bytes of nibbles as Q4_1's; w[j] = d * low nibble + m, w[16 + j] = d * high + m
  *   Q6_K (type 14): f32 d0, f32 d1, 32 int8; w[j] = d0 * q[j] for j < 16, d1 * q[j] for j >= 16

@@ -30,7 +30,7 @@ from selfspec.kernel.int8 import int8_linear
 
 # GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row (the kernel's
 # own table, tested equal). Q4_0, Q4_1, Q8_0: the file's blocks (gguf.GGML_QUANT_SIZES). Q4_K, Q6_K: a K-quant's
-# weights re-blocked exactly into blocks of 32 (`k_quants.reblock`: float32 scales; not the file's super-blocks).
+# weights re-blocked exactly into blocks of 32 (`reblock.reblocked`: float32 scales; not the file's super-blocks).
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 BLOCK_BYTES = {2: 18, 3: 20, 8: 34, 12: 24, 14: 40}
 # The scales opening a block: (how many, bytes each: 2 float16, 4 float32), d first (then Q4_1's and Q4_K's m,

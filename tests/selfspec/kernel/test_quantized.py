@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from selfspec import SelfSpecModel
 from selfspec.drafters.base import weight_share
 from selfspec.kernel import few_row_linear as frl
-from selfspec.kernel import k_quants
+from selfspec.kernel import reblock
 from selfspec.kernel import quantized as q
 from selfspec.loading import load_model, plain_copy
 from tests.conftest import random_prompt, repetitive_prompt
@@ -21,26 +21,27 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType, quants  # noqa: E402
 
 TYPES = list(q.TYPES)
+K_QUANTS = ("Q4_K", "Q6_K")  # (kept as themselves, re-blocked; Q5_0 is kept as Q8_0)
 
 
 def file_blocks(weights: np.ndarray, qtype: str) -> np.ndarray:
     """The GGUF file's bytes of `weights` [n, k] quantized to `qtype` (gguf's quantizer; ours for K-quants)."""
-    if qtype in k_quants.FILE_BLOCK_BYTES:
+    if qtype in K_QUANTS:
         return k_quant_blocks.quantize(weights, qtype)
     return quants.quantize(weights, GGMLQuantizationType[qtype])
 
 
 def quantized_weight(qtype: str, n_dim: int, k_dim: int, seed: int = 0):
     """(QuantizedWeight, [n, k] float32 weights as gguf's dequantizer gives them) of random weights. A K-quant's rows
-    are whole super-blocks of 256 in the file: quantized at the next multiple of 256, then re-blocked (`k_quants`) and
+    are whole super-blocks of 256 in the file: quantized at the next multiple of 256, then re-blocked (`reblock`) and
     cut to k_dim (its blocks of 32 stand alone)."""
-    padded = -(-k_dim // k_quants.SUPER_WEIGHTS) * k_quants.SUPER_WEIGHTS if qtype in k_quants.FILE_BLOCK_BYTES else k_dim
+    padded = -(-k_dim // reblock.SUPER_WEIGHTS) * reblock.SUPER_WEIGHTS if qtype in K_QUANTS else k_dim
     weights = np.random.default_rng(seed).standard_normal((n_dim, padded)).astype(np.float32)
     blocks = file_blocks(weights, qtype)
     reference = torch.from_numpy(quants.dequantize(blocks, GGMLQuantizationType[qtype]).astype(np.float32))
     blocks = torch.from_numpy(blocks.copy())
-    if qtype in k_quants.FILE_BLOCK_BYTES:
-        blocks = k_quants.reblock(qtype, blocks)
+    if qtype in K_QUANTS:
+        blocks = reblock.reblocked(qtype, blocks)
     row_bytes = k_dim // q.BLOCK_WEIGHTS * q.BLOCK_BYTES[q.TYPES[qtype]]
     return q.QuantizedWeight(blocks[:, :row_bytes].contiguous(), qtype, k_dim), reference[:, :k_dim].contiguous()
 
@@ -49,36 +50,49 @@ def test_block_sizes_are_ggufs():
     for name, code in q.TYPES.items():
         assert GGMLQuantizationType[name] == code
         count, size = q.BLOCK_SCALES[code]
-        if name in k_quants.FILE_BLOCK_BYTES:  # the file's super-blocks; kept re-blocked: two float32 scales a block
-            assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (k_quants.SUPER_WEIGHTS,
-                                                                          k_quants.FILE_BLOCK_BYTES[name])
+        if name in K_QUANTS:  # the file's super-blocks; kept re-blocked: two float32 scales a block
+            assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (reblock.SUPER_WEIGHTS,
+                                                                          reblock.FILE_BLOCKS[name][1])
             assert (count, size) == (2, 4) and q.BLOCK_BYTES[code] == 8 + (16 if name == "Q4_K" else 32)
         else:
             assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (q.BLOCK_WEIGHTS, q.BLOCK_BYTES[code])
             assert size == 2 and q.BLOCK_BYTES[code] == 2 * count + (32 if name == "Q8_0" else 16)
 
 
-@pytest.mark.parametrize("qtype", list(k_quants.FILE_BLOCK_BYTES))
+@pytest.mark.parametrize("qtype", K_QUANTS)
 def test_k_quants_reblock_to_ggufs_weights_and_refuse_other_bytes(needs_kernel, qtype):
     """Whole super-blocks of every byte value (scales included: gguf's test files are llama.cpp's, ours random) ->
     the kept blocks dequantize to gguf's weights bit for bit."""
-    size, generator = k_quants.FILE_BLOCK_BYTES[qtype], torch.Generator().manual_seed(7)
+    size, generator = reblock.FILE_BLOCKS[qtype][1], torch.Generator().manual_seed(7)
     data = torch.randint(0, 256, (9, 3, size), dtype=torch.uint8, generator=generator)
     halves = slice(0, 4) if qtype == "Q4_K" else slice(208, 210)  # the float16 scales: finite, either sign
     scales = (torch.rand(9, 3, 2 if qtype == "Q4_K" else 1, generator=generator) - 0.5) * 0.02
     data[..., halves] = scales.to(torch.float16).view(torch.uint8).reshape(9, 3, -1)
     data = data.reshape(9, -1)
     reference = torch.from_numpy(quants.dequantize(data.numpy(), GGMLQuantizationType[qtype]).astype(np.float32))
-    weight = q.QuantizedWeight(k_quants.reblock(qtype, data), qtype, 3 * k_quants.SUPER_WEIGHTS)
+    weight = q.QuantizedWeight(reblock.reblocked(qtype, data), qtype, 3 * reblock.SUPER_WEIGHTS)
     assert torch.equal(weight.dequantize(), reference.reshape(9, -1))
     planted = data.clone()
     planted[0, 4 if qtype == "Q4_K" else 192] ^= 1  # one sub-block's scale
-    assert not torch.equal(q.QuantizedWeight(k_quants.reblock(qtype, planted), qtype, 768).dequantize(),
+    assert not torch.equal(q.QuantizedWeight(reblock.reblocked(qtype, planted), qtype, 768).dequantize(),
                            weight.dequantize())
-    with pytest.raises(ValueError, match="whole super-blocks"):
-        k_quants.reblock(qtype, data[:, :-1])
-    with pytest.raises(ValueError, match="K-quants"):
-        k_quants.reblock("Q5_K", data)
+    with pytest.raises(ValueError, match="whole blocks"):
+        reblock.reblocked(qtype, data[:, :-1])
+    with pytest.raises(ValueError, match="re-blocks only"):
+        reblock.reblocked("Q5_K", data)
+
+
+def test_q5_0_is_kept_as_the_same_q8_0_weights(needs_kernel):
+    """llama.cpp's fallback in Q4_K_M files where rows are not whole super-blocks (SmolLM2's 576): each Q5_0 block is
+    exactly a Q8_0 block of its integers - 16, every weight gguf's, bit for bit."""
+    weights = np.random.default_rng(3).standard_normal((11, 96)).astype(np.float32)
+    data = quants.quantize(weights, GGMLQuantizationType.Q5_0)
+    reference = torch.from_numpy(quants.dequantize(data, GGMLQuantizationType.Q5_0).astype(np.float32))
+    kept = reblock.reblocked("Q5_0", torch.from_numpy(data.copy()))
+    weight = q.QuantizedWeight(kept, reblock.KEPT_AS["Q5_0"], 96)
+    assert torch.equal(weight.dequantize(), reference)
+    assert kept.view(11, 3, 34)[..., 2:].view(torch.int8).abs().max() <= 16  # (the fifth bit was read: |q - 16| > 7)
+    assert kept.view(11, 3, 34)[..., 2:].view(torch.int8).abs().max() > 7
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -189,7 +203,7 @@ def write_gguf(model, path, qtype: str) -> None:
 def tiny_gguf_file(qtype: str, directory) -> str:
     """A tiny scrambled Llama (tied embeddings) written as a GGUF file of `qtype` (K-quants: rows of 256 weights, and
     less noise: at 0.2 that width never repeats itself, so n-gram drafts were never accepted)."""
-    wide = qtype in k_quants.FILE_BLOCK_BYTES
+    wide = qtype in K_QUANTS
     model = scrambled_model("llama", dtype=torch.float32, hidden=256 if wide else 64, noise=0.05 if wide else 0.2,
                             num_layers=2, vocab_size=256)
     model.config.tie_word_embeddings = True
@@ -259,3 +273,13 @@ def test_auto_drafts_chains_over_kept_blocks_and_trees_when_asked(needs_kernel, 
     assert spec.tree_size == 0 and spec.chain_reason == QUANTIZED_CHAINS
     assert SelfSpecModel(kept, heads=EagleHead.for_model(kept).eval(), tree_size=4).tree_size == 4
     assert SelfSpecModel(dequantized, heads=EagleHead.for_model(dequantized).eval()).tree_size > 0
+
+
+def test_a_q5_0_file_loads_kept_as_q8_0_blocks(needs_kernel, tmp_path):
+    path = tiny_gguf_file("Q5_0", tmp_path)
+    kept, dequantized = load_model(path, quantized="keep"), load_model(path, quantized="dequantize")
+    linears = [m for m in kept.modules() if isinstance(m, q.QuantizedLinear)]
+    assert len(linears) == 7 * kept.config.num_hidden_layers + 1 and {m.weight.name for m in linears} == {"Q8_0"}
+    for name, module in kept.named_modules():
+        if isinstance(module, (q.QuantizedLinear, q.QuantizedEmbedding)):
+            assert torch.equal(module.weight.dequantize(), dequantized.get_submodule(name).weight)
