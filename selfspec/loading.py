@@ -170,7 +170,7 @@ def keep_quantized(model, path: str, required: bool = False, backend: str | None
         kept += 1
     if unsupported:
         logger.info("selfspec: %s: GGUF types %s stay float32 (the kernel reads %s)", os.path.basename(path),
-                    sorted(unsupported), tuple(q.TYPES) + ("Q5_0",))
+                    sorted(unsupported), tuple(q.TYPES))
     if required and not kept:
         raise ValueError(f"quantized='keep' but no linear layer of {path} is of a type the kernel reads "
                          f"({tuple(q.TYPES)})")
@@ -191,7 +191,7 @@ def _kept_weight(tensor, layer, num_heads: int | None, unsupported: set):
         unsupported.add(name)
         return None
     blocks = torch.from_numpy(tensor.data.copy())  # [out_features, bytes a row], copied out of the memory-mapped file
-    if name in reblock.FILE_BLOCKS:  # (K-quants, Q5_0: re-blocked exactly into the kernel's blocks of 32)
+    if name in reblock.FILE_BLOCKS:  # (K-quants: re-blocked exactly into the kernel's blocks of 32)
         blocks, name = reblock.reblocked(name, blocks), reblock.KEPT_AS[name]
     if num_heads:  # transformers' reverse permute of Llama's q / k rows, applied to whole rows of blocks
         rows = torch.arange(blocks.shape[0]).reshape(num_heads, -1, 2).transpose(1, 2).reshape(-1)

@@ -317,6 +317,8 @@ long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
  * `row_bytes = k_dim / 32 * BLOCK_BYTES(type)` bytes, as llama.cpp writes them (gguf.quants dequantizes the same):
  *   Q4_0 (type 2): f16 d, 16 bytes of nibbles; w[j] = d * (low nibble of byte j - 8), w[16 + j] = d * (high - 8)
  *   Q4_1 (type 3): f16 d, f16 m, 16 bytes of nibbles; w[j] = d * low nibble + m, w[16 + j] = d * high + m
+ *   Q5_0 (type 6): f16 d, 4 bytes of fifth bits (bit j of the little-endian word: weight j's), 16 bytes of nibbles as
+ *                  Q4_0's; w[j] = d * (nibble + 16 * fifth bit - 16)
  *   Q8_0 (type 8): f16 d, 32 int8; w[j] = q[j] * d
  * and two forms that are not the file's bytes but a K-quant's weights re-blocked exactly into blocks of 32
  * (`selfspec/kernel/reblock.py`; float32 scales, since a super-block's f16 scale times a sub-block's 6-bit one needs
@@ -334,13 +336,15 @@ long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
 #include <string.h>
 
 #define QK 32
-enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
+enum { Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 INLINE long block_bytes(int type) {
-    return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : type == Q4_K ? 24 : type == Q6_K ? 40 : 0;
+    return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : type == Q5_0 ? 22 : type == Q4_K ? 24
+         : type == Q6_K ? 40 : 0;
 }
 INLINE int float_scales(int type) { return type == Q4_K || type == Q6_K; }  /* (the re-blocked K-quants) */
-INLINE long header_bytes(int type) { return type == Q4_1 ? 4 : float_scales(type) ? 8 : 2; }  /* scales opening a block */
+/* the bytes opening a block: its scales (and Q5_0's fifth bits) */
+INLINE long header_bytes(int type) { return type == Q4_1 ? 4 : type == Q5_0 ? 6 : float_scales(type) ? 8 : 2; }
 INLINE int signed_bytes(int type) { return type == Q8_0 || type == Q6_K; }  /* else 16 bytes of nibbles */
 INLINE int has_min(int type) { return type == Q4_1 || type == Q4_K; }
 
@@ -371,11 +375,25 @@ INLINE void dequantize_reblocked(const int type, const uint8_t *b, float *out) {
     }
 }
 
+/* One Q5_0 block -> its 32 float32 weights (a product of d and the integer, rounded as gguf's). */
+INLINE void dequantize_q5_0(const uint8_t *b, float *out) {
+    const float d = half_at(b);
+    uint32_t fifth;
+    memcpy(&fifth, b + 2, 4);
+    for (int j = 0; j < QK; j++) {
+        const int nibble = j < QK / 2 ? b[6 + j] & 15 : b[6 + j - QK / 2] >> 4;
+        out[j] = d * (float)(nibble + 16 * (int)(fifth >> j & 1) - 16);
+    }
+}
+
 /* One block of `type` -> its 32 float32 weights in QK / LANES vectors (registers, where inlined). */
 INLINE void dequantize_vecs(const int type, const uint8_t *b, vec *v) {
-    if (float_scales(type)) {  /* (the float path over K-quants: correct, not tuned; the int8 path is their fast one) */
+    if (float_scales(type) || type == Q5_0) {  /* (the float path here: correct, not tuned; int8 is their fast one) */
         float w[QK];
-        dequantize_reblocked(type, b, w);
+        if (type == Q5_0)
+            dequantize_q5_0(b, w);
+        else
+            dequantize_reblocked(type, b, w);
         _Pragma("GCC unroll 4")
         for (int i = 0; i < QK / LANES; i++)
             v[i] = LOAD(w + i * LANES);
@@ -557,6 +575,7 @@ int quantized_linear(int type, const float *x, long rows, long k_dim, const uint
     switch (type) {  /* (a constant type in each call: the block's code inlined without a test in the loops) */
     case Q4_0: quantized_linear_of(Q4_0, x, rows, k_dim, w, n_dim, y); return 0;
     case Q4_1: quantized_linear_of(Q4_1, x, rows, k_dim, w, n_dim, y); return 0;
+    case Q5_0: quantized_linear_of(Q5_0, x, rows, k_dim, w, n_dim, y); return 0;
     case Q8_0: quantized_linear_of(Q8_0, x, rows, k_dim, w, n_dim, y); return 0;
     case Q4_K: quantized_linear_of(Q4_K, x, rows, k_dim, w, n_dim, y); return 0;
     case Q6_K: quantized_linear_of(Q6_K, x, rows, k_dim, w, n_dim, y); return 0;
@@ -575,6 +594,7 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
         switch (type) {
         case Q4_0: dequantize_tile(Q4_0, row, 1, k_dim, out + r * k_dim); break;
         case Q4_1: dequantize_tile(Q4_1, row, 1, k_dim, out + r * k_dim); break;
+        case Q5_0: dequantize_tile(Q5_0, row, 1, k_dim, out + r * k_dim); break;
         case Q4_K: dequantize_tile(Q4_K, row, 1, k_dim, out + r * k_dim); break;
         case Q6_K: dequantize_tile(Q6_K, row, 1, k_dim, out + r * k_dim); break;
         default: dequantize_tile(Q8_0, row, 1, k_dim, out + r * k_dim); break;
@@ -593,12 +613,14 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
  *                                                                                    the block's 32 products)
  *   Q4_1, Q4_K also:              macc = fma(m[b], sx[b], macc)                     (sx = dx * sum of the block's q)
  *   y = acc (Q4_1, Q4_K: acc + macc)
- * with the weight's integers Q8_0 and Q6_K q, Q4_0 nibble - 8, Q4_1 and Q4_K nibble, and dw * dx one rounded product;
+ * with the weight's integers Q8_0 and Q6_K q, Q4_0 nibble - 8, Q5_0 nibble + 16 * fifth bit - 16, Q4_1 and Q4_K
+ * nibble, and dw * dx one rounded product;
  * Q6_K's block is two half-blocks of 16, each its own isum and scale, the first half's fma before the second's.
  *
  * The interleaved layout: the weight rows in groups of eight (a last group of fewer stays in the file's layout, after
  * the groups); a group's blocks in k order, each block of the eight rows stored as its eight scales (float16, the
- * re-blocked K-quants float32; Q4_1 and Q4_K: then its eight mins; Q6_K: then its eight second scales), then its quantized bytes in chunks of four: chunk c of rows 0..7, then chunk c + 1 (Q4_0 and
+ * re-blocked K-quants float32; Q4_1 and Q4_K: then its eight mins; Q6_K: then its eight second scales; Q5_0: then its
+ * eight 32-bit words of fifth bits, one a 32-bit lane), then its quantized bytes in chunks of four: chunk c of rows 0..7, then chunk c + 1 (Q4_0 and
  * Q4_1: 4 chunks of nibble bytes, low nibbles weights 4c .. 4c + 3, high nibbles 16 + 4c ..; Q8_0: 8 chunks). So one
  * 32-byte load holds four consecutive weights of each of the eight rows, and multiplied by four bytes of x repeated
  * eight times gives each row's sum of those four products in its own 32-bit lane: the eight rows' outputs are the
@@ -607,7 +629,8 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
  * instructions, so one build runs on every x86 CPU: AVX-512 VNNI (vpdpbusd on 256-bit vectors), AVX2 (vpmaddubsw +
  * vpmaddwd: no pair of products reaches the int16 limit, |w| <= 128 and |q| <= 127, so the same integers), and a scalar
  * path (the definition, written out; fmaf is the same single rounding as the vector fused multiply-add). The
- * unsigned-by-signed instructions take Q4 nibbles as they are (Q4_0 subtracts 8 * sum of q after) and Q8_0 as |w|
+ * unsigned-by-signed instructions take Q4 nibbles as they are (Q4_0 subtracts 8 * sum of q after; Q5_0 ORs its fifth
+ * bits in first, spread from each lane's word to bit 4 of four bytes by one multiply, and subtracts 16 * sum) and Q8_0 as |w|
  * times q with w's sign. */
 #include <math.h>
 
@@ -644,10 +667,13 @@ static inline void block_integers(const int type, const uint8_t *b, int8_t *q) {
         return;
     }
     const uint8_t *qs = b + header_bytes(type);
-    const int offset = type == Q4_0 ? 8 : 0;
+    const int offset = type == Q4_0 ? 8 : type == Q5_0 ? 16 : 0;
+    uint32_t fifth = 0;
+    if (type == Q5_0)
+        memcpy(&fifth, b + 2, 4);
     for (int j = 0; j < QK / 2; j++) {
-        q[j] = (int8_t)((qs[j] & 15) - offset);
-        q[QK / 2 + j] = (int8_t)((qs[j] >> 4) - offset);
+        q[j] = (int8_t)((qs[j] & 15) + 16 * (int)(fifth >> j & 1) - offset);
+        q[QK / 2 + j] = (int8_t)((qs[j] >> 4) + 16 * (int)(fifth >> (QK / 2 + j) & 1) - offset);
     }
 }
 
@@ -665,6 +691,11 @@ INLINE int grouped_integer(const int type, const uint8_t *gb, int lane, int j) {
         return (int8_t)q[(j / 4) * 32 + lane * 4 + j % 4];
     const int byte = j % 16, v = q[(byte / 4) * 32 + lane * 4 + byte % 4];
     const int nibble = j < 16 ? v & 15 : v >> 4;
+    if (type == Q5_0) {
+        uint32_t fifth;
+        memcpy(&fifth, gb + 2 * GROUP_ROWS + 4 * lane, 4);
+        return nibble + 16 * (int)(fifth >> j & 1) - 16;
+    }
     return type == Q4_0 ? nibble - 8 : nibble;
 }
 
@@ -725,10 +756,22 @@ __attribute__((always_inline, target(TARGET))) static inline void int8_group_##I
             }                                                                                                        \
         } else {                                                                                                     \
             const __m256i low = _mm256_set1_epi8(15);                                                                \
+            /* Q5_0: each row's 32 fifth bits in its lane */                                                         \
+            const __m256i fifth = type == Q5_0 ? _mm256_loadu_si256((const __m256i *)(gb + 2 * GROUP_ROWS))           \
+                                               : _mm256_setzero_si256();                                             \
             _Pragma("GCC unroll 4") for (int c = 0; c < 4; c++) {                                                    \
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));                                \
                 u[c] = _mm256_and_si256(v, low);                                                                     \
                 u[4 + c] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                                           \
+                if (type == Q5_0) {  /* bits 4c .. 4c + 3 (16 + 4c ..) to bit 4 of bytes 0..3: x * 0x00204081 */     \
+                    const __m256i spread = _mm256_set1_epi32(0x00204081), ones = _mm256_set1_epi32(0x01010101);     \
+                    const __m256i lo4 = _mm256_and_si256(_mm256_srli_epi32(fifth, 4 * c), _mm256_set1_epi32(15));   \
+                    const __m256i hi4 = _mm256_and_si256(_mm256_srli_epi32(fifth, 16 + 4 * c), _mm256_set1_epi32(15));\
+                    u[c] = _mm256_or_si256(u[c], _mm256_slli_epi32(                                                  \
+                        _mm256_and_si256(_mm256_mullo_epi32(lo4, spread), ones), 4));                                \
+                    u[4 + c] = _mm256_or_si256(u[4 + c], _mm256_slli_epi32(                                          \
+                        _mm256_and_si256(_mm256_mullo_epi32(hi4, spread), ones), 4));                                \
+                }                                                                                                    \
             }                                                                                                        \
         }                                                                                                            \
         _Pragma("GCC unroll 4") for (int r = 0; r < P; r++) {                                                        \
@@ -751,8 +794,8 @@ __attribute__((always_inline, target(TARGET))) static inline void int8_group_##I
                 continue;                                                                                            \
             }                                                                                                        \
             __m256i isum = _mm256_add_epi32(isum0, isum1);                                                           \
-            if (type == Q4_0)                                                                                        \
-                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xsum[r * blocks + b]));                          \
+            if (type == Q4_0 || type == Q5_0)                                                                        \
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32((type == Q4_0 ? 8 : 16) * xsum[r * blocks + b]));    \
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, vxd), acc[r]);                      \
             if (has_min(type))                                                                                       \
                 macc[r] = _mm256_fmadd_ps(second, _mm256_set1_ps(xs[r * blocks + b]), macc[r]);                      \
@@ -778,6 +821,7 @@ __attribute__((target(TARGET))) static void int8_groups_##ISA(                  
             _Pragma("GCC unroll 4") for (int p = 1; p <= INT8_PASS_ROWS; p++) {                                      \
                 if (p != P) continue;                                                                                \
                 if (type == Q4_0) int8_group_##ISA(p, Q4_0, xm, dm, sm, im, k_dim, wg, ldy, yg);                     \
+                else if (type == Q5_0) int8_group_##ISA(p, Q5_0, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
                 else if (type == Q4_1) int8_group_##ISA(p, Q4_1, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
                 else if (type == Q4_K) int8_group_##ISA(p, Q4_K, xm, dm, sm, im, k_dim, wg, ldy, yg);                \
                 else if (type == Q6_K) int8_group_##ISA(p, Q6_K, xm, dm, sm, im, k_dim, wg, ldy, yg);                \

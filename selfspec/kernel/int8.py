@@ -22,7 +22,7 @@ GROUP_ROWS = 8  # weight rows interleaved together (the kernel's GROUP_ROWS)
 def interleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     """GGUF rows [n, row bytes] (uint8) -> the same bytes in the int8 kernel's layout: full groups of GROUP_ROWS rows,
     each block of a group its eight rows' scales (then their second scales: Q4_1's and Q4_K's mins, Q6_K's d of its
-    second half-block), then their quantized bytes in chunks of four (chunk c of rows 0..7, then chunk c + 1); the last
+    second half-block; Q5_0: their 32-bit words of fifth bits), then their quantized bytes in chunks of four (chunk c of rows 0..7, then chunk c + 1); the last
     n % 8 rows as they were."""
     return _permuted(blocks, qtype, inverse=False)
 
@@ -33,30 +33,32 @@ def deinterleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
 
 
 def _permuted(blocks: torch.Tensor, qtype: int, inverse: bool) -> torch.Tensor:
-    from selfspec.kernel.quantized import BLOCK_BYTES, BLOCK_SCALES  # (quantized.py imports this module)
+    from selfspec.kernel.quantized import BLOCK_BYTES, header_fields  # (quantized.py imports this module)
 
-    block_bytes = BLOCK_BYTES[qtype]
-    scales_count, scale_bytes = BLOCK_SCALES[qtype]  # the scales opening a block
-    header = scales_count * scale_bytes
+    block_bytes, fields = BLOCK_BYTES[qtype], header_fields(qtype)  # the fields opening a block, in bytes each
+    header = sum(fields)
     chunks = (block_bytes - header) // 4
     n_rows, row_bytes = blocks.shape
     groups, per_row = n_rows // GROUP_ROWS, row_bytes // block_bytes
     out = blocks.clone()
     if groups:
         grouped = blocks[:groups * GROUP_ROWS]
-        if not inverse:  # [G, 8, blocks, bytes] -> [G, blocks, (halves, 8, 2) + (chunks, 8, 4)]
+        parts, at = [], 0  # each header field of the eight rows in turn, then the chunks: [G, blocks, bytes]
+        if not inverse:  # [G, 8, blocks, bytes] -> [G, blocks, (8, field) for each field + (chunks, 8, 4)]
             by_row = grouped.reshape(groups, GROUP_ROWS, per_row, block_bytes)
-            scales = by_row[..., :header].reshape(groups, GROUP_ROWS, per_row, scales_count, scale_bytes)
-            scales = scales.permute(0, 2, 3, 1, 4)
+            for size in fields:
+                parts.append(by_row[..., at:at + size].permute(0, 2, 1, 3).reshape(groups, per_row, -1))
+                at += size
             quants = by_row[..., header:].reshape(groups, GROUP_ROWS, per_row, chunks, 4).permute(0, 2, 3, 1, 4)
-            parts = [scales.reshape(groups, per_row, -1), quants.reshape(groups, per_row, -1)]
-        else:
+            parts.append(quants.reshape(groups, per_row, -1))
+        else:  # and back: [G, 8, blocks, (field for each field) + (chunks, 4)]
             by_block = grouped.reshape(groups, per_row, GROUP_ROWS * block_bytes)
-            scales = by_block[..., :GROUP_ROWS * header].reshape(groups, per_row, scales_count, GROUP_ROWS, scale_bytes)
-            scales = scales.permute(0, 3, 1, 2, 4)
+            for size in fields:
+                field = by_block[..., GROUP_ROWS * at:GROUP_ROWS * (at + size)].reshape(groups, per_row, GROUP_ROWS, size)
+                parts.append(field.permute(0, 2, 1, 3))
+                at += size
             quants = by_block[..., GROUP_ROWS * header:].reshape(groups, per_row, chunks, GROUP_ROWS, 4)
-            quants = quants.permute(0, 3, 1, 2, 4)
-            parts = [scales.reshape(groups, GROUP_ROWS, per_row, -1), quants.reshape(groups, GROUP_ROWS, per_row, -1)]
+            parts.append(quants.permute(0, 3, 1, 2, 4).reshape(groups, GROUP_ROWS, per_row, -1))
         out[:groups * GROUP_ROWS] = torch.cat(parts, dim=-1).reshape(groups * GROUP_ROWS, row_bytes)
     return out
 

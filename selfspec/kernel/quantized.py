@@ -31,11 +31,18 @@ from selfspec.kernel.int8 import int8_linear
 # GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row (the kernel's
 # own table, tested equal). Q4_0, Q4_1, Q8_0: the file's blocks (gguf.GGML_QUANT_SIZES). Q4_K, Q6_K: a K-quant's
 # weights re-blocked exactly into blocks of 32 (`reblock.reblocked`: float32 scales; not the file's super-blocks).
-TYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-BLOCK_BYTES = {2: 18, 3: 20, 8: 34, 12: 24, 14: 40}
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 24, 14: 40}
 # The scales opening a block: (how many, bytes each: 2 float16, 4 float32), d first (then Q4_1's and Q4_K's m,
-# Q6_K's second half-block's d).
-BLOCK_SCALES = {2: (1, 2), 3: (2, 2), 8: (1, 2), 12: (2, 4), 14: (2, 4)}
+# Q6_K's second half-block's d); Q5_0's 4 bytes of fifth bits follow its d.
+BLOCK_SCALES = {2: (1, 2), 3: (2, 2), 6: (1, 2), 8: (1, 2), 12: (2, 4), 14: (2, 4)}
+FIFTH_BITS = {6: 4}
+
+
+def header_fields(qtype: int) -> list[int]:
+    """The bytes of each field opening a block of type `qtype`, in order (its scales, then Q5_0's fifth bits)."""
+    count, size = BLOCK_SCALES[qtype]
+    return [size] * count + ([FIFTH_BITS[qtype]] if qtype in FIFTH_BITS else [])
 BLOCK_WEIGHTS = 32
 MAX_ROWS = few_row_linear.MAX_ROWS
 # Weights dequantized at a time for products over more than MAX_ROWS rows (and whole-weight uses): 16 MB of float32.
@@ -75,8 +82,8 @@ def random_weight(qtype: int | str, out_features: int, in_features: int, seed: i
 
 
 def type_id(qtype: int | str) -> int:
-    """A GGML type id (2, 3, 8, 12, 14) or name ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"), checked to be one the kernel
-    reads."""
+    """A GGML type id (2, 3, 6, 8, 12, 14) or name ("Q4_0", "Q4_1", "Q5_0", "Q8_0", "Q4_K", "Q6_K"), checked to be one
+    the kernel reads."""
     qtype = TYPES.get(qtype, qtype) if isinstance(qtype, str) else int(qtype)
     if qtype not in BLOCK_BYTES:
         raise ValueError(f"GGUF type {qtype!r}: selfspec keeps only {tuple(TYPES)} quantized (the rest dequantize)")

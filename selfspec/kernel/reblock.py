@@ -1,10 +1,6 @@
-"""GGUF tensor types the kernel reads once re-blocked exactly into its blocks of 32 weights, so that their layers stay
-quantized instead of loading as float32: the K-quants Q4_K and Q6_K, and Q5_0 (most published GGUF files are Q4_K_M:
-Q4_K and Q6_K where a row is whole super-blocks of 256, Q5_0 and Q8_0 as llama.cpp's fallback where it is not, as in
-SmolLM2's rows of 576).
-
-Q5_0 (f16 d, 32 5-bit q, w = d * (q - 16)) is exactly a Q8_0 block (f16 d, int8 q - 16): kept as Q8_0, 8.5 bits a
-weight for its 5.5.
+"""GGUF K-quants (Q4_K, Q6_K) re-blocked exactly into the kernel's blocks of 32 weights, so that their layers stay
+quantized instead of loading as float32 (most published GGUF files are Q4_K_M: Q4_K and Q6_K where a row is whole
+super-blocks of 256, Q5_0 and Q8_0, which the kernel reads as they are, where it is not, as in SmolLM2's rows of 576).
 
 A K-quant row is super-blocks of 256 weights, each a float16 scale (Q4_K: and a float16 min) times small integer
 scales per sub-block (Q4_K: 8 sub-blocks of 32 with 6-bit scales and mins; Q6_K: 16 of 16 with int8 scales). The
@@ -24,8 +20,8 @@ import torch
 
 SUPER_WEIGHTS = 256  # weights of one K-quant super-block
 # file type -> (weights, bytes) of one of its blocks in the file (gguf.GGML_QUANT_SIZES), and the type it is kept as
-FILE_BLOCKS = {"Q4_K": (SUPER_WEIGHTS, 144), "Q6_K": (SUPER_WEIGHTS, 210), "Q5_0": (32, 22)}
-KEPT_AS = {"Q4_K": "Q4_K", "Q6_K": "Q6_K", "Q5_0": "Q8_0"}
+FILE_BLOCKS = {"Q4_K": (SUPER_WEIGHTS, 144), "Q6_K": (SUPER_WEIGHTS, 210)}
+KEPT_AS = {"Q4_K": "Q4_K", "Q6_K": "Q6_K"}
 
 
 def reblocked(name: str, data: torch.Tensor) -> torch.Tensor:
@@ -39,20 +35,8 @@ def reblocked(name: str, data: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"{name} rows {tuple(data.shape)} {data.dtype}: expected uint8 rows of whole blocks "
                          f"({size} bytes each)")
     blocks = data.reshape(rows, -1, size)  # [rows, S, bytes]
-    kept = _q4_k(blocks) if name == "Q4_K" else _q6_k(blocks) if name == "Q6_K" else _q5_0(blocks)
+    kept = _q4_k(blocks) if name == "Q4_K" else _q6_k(blocks)
     return kept.reshape(rows, -1).contiguous()
-
-
-def _q5_0(blocks: torch.Tensor) -> torch.Tensor:
-    """Q5_0 blocks [rows, S, 22]: f16 d, 4 bytes of high bits (bit j of the little-endian word: weight j's fifth bit),
-    16 bytes of nibbles (byte j: weight j low, 16 + j high) -> Q8_0 blocks [rows, S, 34]: the same d, int8 q - 16."""
-    lead = blocks.shape[:-1]
-    high_bits = blocks[..., 2:6].unsqueeze(-1) >> torch.arange(8, dtype=torch.uint8)  # [.., 4 bytes, 8]: bit j
-    high = (high_bits & 1).reshape(*lead, 32)
-    nibbles = blocks[..., 6:22]
-    low = torch.cat([nibbles & 15, nibbles >> 4], dim=-1)  # weights 0..15, 16..31
-    q = (low | (high << 4)).to(torch.int8) - 16  # [-16, 15]
-    return torch.cat([blocks[..., 0:2], q.view(torch.uint8)], dim=-1)
 
 
 def _half(raw: torch.Tensor) -> torch.Tensor:

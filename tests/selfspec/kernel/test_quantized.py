@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType, quants  # noqa: E402
 
 TYPES = list(q.TYPES)
-K_QUANTS = ("Q4_K", "Q6_K")  # (kept as themselves, re-blocked; Q5_0 is kept as Q8_0)
+K_QUANTS = ("Q4_K", "Q6_K")  # (kept re-blocked into blocks of 32: `reblock`)
 
 
 def file_blocks(weights: np.ndarray, qtype: str) -> np.ndarray:
@@ -56,7 +56,8 @@ def test_block_sizes_are_ggufs():
             assert (count, size) == (2, 4) and q.BLOCK_BYTES[code] == 8 + (16 if name == "Q4_K" else 32)
         else:
             assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (q.BLOCK_WEIGHTS, q.BLOCK_BYTES[code])
-            assert size == 2 and q.BLOCK_BYTES[code] == 2 * count + (32 if name == "Q8_0" else 16)
+            assert size == 2 and q.BLOCK_BYTES[code] == (2 * count + q.FIFTH_BITS.get(code, 0)
+                                                          + (32 if name == "Q8_0" else 16))
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS)
@@ -80,19 +81,6 @@ def test_k_quants_reblock_to_ggufs_weights_and_refuse_other_bytes(needs_kernel, 
         reblock.reblocked(qtype, data[:, :-1])
     with pytest.raises(ValueError, match="re-blocks only"):
         reblock.reblocked("Q5_K", data)
-
-
-def test_q5_0_is_kept_as_the_same_q8_0_weights(needs_kernel):
-    """llama.cpp's fallback in Q4_K_M files where rows are not whole super-blocks (SmolLM2's 576): each Q5_0 block is
-    exactly a Q8_0 block of its integers - 16, every weight gguf's, bit for bit."""
-    weights = np.random.default_rng(3).standard_normal((11, 96)).astype(np.float32)
-    data = quants.quantize(weights, GGMLQuantizationType.Q5_0)
-    reference = torch.from_numpy(quants.dequantize(data, GGMLQuantizationType.Q5_0).astype(np.float32))
-    kept = reblock.reblocked("Q5_0", torch.from_numpy(data.copy()))
-    weight = q.QuantizedWeight(kept, reblock.KEPT_AS["Q5_0"], 96)
-    assert torch.equal(weight.dequantize(), reference)
-    assert kept.view(11, 3, 34)[..., 2:].view(torch.int8).abs().max() <= 16  # (the fifth bit was read: |q - 16| > 7)
-    assert kept.view(11, 3, 34)[..., 2:].view(torch.int8).abs().max() > 7
 
 
 @pytest.mark.parametrize("qtype", TYPES)
@@ -273,13 +261,3 @@ def test_auto_drafts_chains_over_kept_blocks_and_trees_when_asked(needs_kernel, 
     assert spec.tree_size == 0 and spec.chain_reason == QUANTIZED_CHAINS
     assert SelfSpecModel(kept, heads=EagleHead.for_model(kept).eval(), tree_size=4).tree_size == 4
     assert SelfSpecModel(dequantized, heads=EagleHead.for_model(dequantized).eval()).tree_size > 0
-
-
-def test_a_q5_0_file_loads_kept_as_q8_0_blocks(needs_kernel, tmp_path):
-    path = tiny_gguf_file("Q5_0", tmp_path)
-    kept, dequantized = load_model(path, quantized="keep"), load_model(path, quantized="dequantize")
-    linears = [m for m in kept.modules() if isinstance(m, q.QuantizedLinear)]
-    assert len(linears) == 7 * kept.config.num_hidden_layers + 1 and {m.weight.name for m in linears} == {"Q8_0"}
-    for name, module in kept.named_modules():
-        if isinstance(module, (q.QuantizedLinear, q.QuantizedEmbedding)):
-            assert torch.equal(module.weight.dequantize(), dequantized.get_submodule(name).weight)

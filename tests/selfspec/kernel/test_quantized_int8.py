@@ -30,12 +30,16 @@ def int8_reference(x: torch.Tensor, weight: q.QuantizedWeight) -> torch.Tensor:
     count, size = q.BLOCK_SCALES[weight.qtype]
     scale_type = torch.float16 if size == 2 else torch.float32
     scale = lambda i: raw[..., i * size:(i + 1) * size].contiguous().view(scale_type).float()[..., 0]  # noqa: E731
-    scale_w, header = scale(0), count * size  # [n, blocks]
+    scale_w, header = scale(0), sum(q.header_fields(weight.qtype))  # [n, blocks]
     if weight.name in ("Q8_0", "Q6_K"):
         integers = raw[..., header:].contiguous().view(torch.int8).long()  # [n, blocks, 32]
     else:
         nibbles = raw[..., header:]
         integers = torch.cat([nibbles & 15, nibbles >> 4], dim=-1).long() - (8 if weight.name == "Q4_0" else 0)
+        if weight.name == "Q5_0":  # bit j of the block's little-endian word after d: weight j's fifth bit
+            word = raw[..., 2:6].long()
+            word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24  # [n, blocks]
+            integers = integers + 16 * (word[..., None] >> torch.arange(32) & 1) - 16
     x_blocks = x.view(rows, blocks, q.BLOCK_WEIGHTS)
     scale_x = x_blocks.abs().amax(-1) / 127  # [rows, blocks]
     inverse = torch.where(scale_x != 0, 1 / scale_x, torch.zeros(()))
