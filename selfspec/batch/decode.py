@@ -582,6 +582,9 @@ def _row_policy(spec, options):
     return spec._draft_length_policy(options, learn_step_cost=False)
 
 
+BATCH_PROBE_BUDGET = 0.02  # probes spend at most 2% of a batch's plain steps (`BatchDraftLength`'s probe_budget)
+
+
 def _batch_planner(spec, options) -> BatchDraftLength | None:
     """"auto" without a seed: one width for the batch, priced by this wrapper's batch curve (`batch_verify_cost`:
     what earlier batches timed, else a line through the one-sequence curve), which this batch refines, and overruled
@@ -590,4 +593,4 @@ def _batch_planner(spec, options) -> BatchDraftLength | None:
     if options.num_draft_tokens != "auto":
         return None
     return BatchDraftLength(cost_curve=spec.batch_verify_cost(), seen_shapes=spec._batch_shapes,
-                            overhead=spec.batch_step_overhead(), rates=spec.batch_rates())
+                            overhead=spec.batch_step_overhead(), rates=spec.batch_rates(), probe_budget=BATCH_PROBE_BUDGET)

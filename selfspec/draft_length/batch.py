@@ -68,6 +68,14 @@ class BatchDraftLength:
     (`SelfSpecModel.batch_rates`), so a batch starts from what its wrapper's earlier batches measured: a fresh one
     per batch would re-measure them every call.
 
+    `probe_budget`: probes spend at most this share of what plain steps cost (a probe priced as a step of width 1
+    less a plain one, or as the last probe's step was timed beyond a plain one, whichever is more: the wider forward
+    and every row's drafting, with its catch-up on the states the rows committed since the last proposal), as one
+    sequence's probes do (`ProbeSchedule`'s budget); None: the
+    waits alone limit them. The engine passes 0.02: `selfspec serve` at 8 rows of SmolLM2 over int8 products (two
+    threads), where drafting never paid, ran 0.80x of speculation off with probes every 8-64 steps, each costing about
+    three plain steps.
+
     `min_gain`: as `AdaptiveDraftLength`'s, a width > 0 only when expected at least this fraction faster than w = 0:
     the curve prices each total by what it timed (not kept non-decreasing, see `learned_batch_verify_cost`), so two
     totals that cost the same may differ by their noise, and a tie would otherwise draft useless tokens.
@@ -77,7 +85,8 @@ class BatchDraftLength:
                  max_probe_every: int = 64, decay: float = 0.9, explore_every: int = 8,
                  cost_curve: LearnedVerifyCost | None = None, min_gain: float = 0.02,
                  seen_shapes: set[tuple[int, int]] | None = None, forget_after: int = 64,
-                 overhead: StepOverhead | None = None, rates: MeasuredRates | None = None):
+                 overhead: StepOverhead | None = None, rates: MeasuredRates | None = None,
+                 probe_budget: float | None = None):
         if cost_curve is None:  # a private curve (total tokens - 1 -> one-row decodes), never saved
             if start is None:
                 raise ValueError("BatchDraftLength needs a start curve or a cost_curve")
@@ -90,6 +99,10 @@ class BatchDraftLength:
         self.overhead = StepOverhead(decay) if overhead is None else overhead  # (the engine's: kept across batches)
         self.max_draft_tokens = max_draft_tokens
         self.probes = ProbeSchedule(probe_every, max_probe_every, accepted_resets=False, odd_waits=False)
+        if probe_budget is not None and probe_budget <= 0:
+            raise ValueError(f"probe_budget (a share of a plain step) must be > 0, got {probe_budget!r}")
+        self.probe_budget = probe_budget
+        self.probe_cost = 0.0  # what the last probe step cost beyond a plain one, in one-row decodes (as timed)
         self.explore_every = explore_every
         self._last_width, self._same_width_steps, self._explore_turn = 0, 0, 0
         self.widest_timed = 0  # the widest block (drafts per row) a timed step of this batch has verified
@@ -139,7 +152,13 @@ class BatchDraftLength:
         best = self._measured_down(best, len(rows))
         if best:
             best = self._explore(best, max(cap for _, cap in rows))
-        return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows))
+        probe_cost = 0.0
+        if self.probe_budget is not None:  # probes spend at most this share of the plain steps' cost
+            plain = self.step_cost(len(rows), 0, 0)
+            self.probes.budget = self.probe_budget * plain
+            # (the overhead's fit forgets a probe's drafting over the plain steps between probes: the timed one holds)
+            probe_cost = max(self.step_cost(len(rows), 1, len(rows)) - plain, self.probe_cost)
+        return self.probes.after(best, may_probe=any(cap > 0 for _, cap in rows), probe_cost=probe_cost)
 
     def measured_rate(self, num_rows: int, width: int) -> float | None:
         """Tokens per second that timed steps of num_rows blocks of 1 + width tokens emitted (`MeasuredRates.rate`)."""
@@ -185,6 +204,7 @@ class BatchDraftLength:
         price of the curve's; the overhead then learns the step beyond the curve's price of a full forward (the
         drafting passes less the layers they spared verification), so the planner still prices the whole step."""
         shadow_probe = self.probe_in_shadow()  # (its drafter ran, its forward did not widen: neither width's rate)
+        probe = self.probes.probing
         self.probes.observed(num_accepted)
         shape = (len(drafted), 1 + max(drafted))
         if shape not in self.seen_shapes:
@@ -198,6 +218,8 @@ class BatchDraftLength:
         if full_forward:
             self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
+        if probe and decode_seconds > 0:
+            self.probe_cost = max(0.0, step_seconds / decode_seconds - self.step_cost(len(drafted), 0, 0))
         if decode_seconds > 0:
             forward_seconds = verify_seconds if full_forward else self.cost_curve(total_tokens - 1) * decode_seconds
             overhead = max(0.0, step_seconds - forward_seconds) / decode_seconds

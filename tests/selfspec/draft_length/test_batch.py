@@ -114,6 +114,31 @@ def test_probes_one_draft_after_steps_at_zero_backing_off_while_rejected():
     assert run([row(0.0, cap=0) for _ in range(4)], 70) == [0] * 70
 
 
+def test_a_probe_budget_holds_costly_probes_to_its_share_of_plain_steps():
+    """Useless drafts whose drafting costs (as it learns) three plain steps a probe: with probe_budget=0.02 the probes
+    take at most ~2% of the time plain steps take (over 600 steps: 0.02 * 600 / 3 = 4, after the two the full credit
+    allows at first); without it, the waits alone allow one every 64 steps. The forward's cost is the curve's, the
+    drafting 3 steps' worth, in the scripted seconds the planner observes.
+    Catches (planted): the budget ignored (the waits' 11 probes); a probe priced at 0 (as many)."""
+
+    def run(planner, rows, num_steps):
+        probes = 0
+        for _ in range(num_steps):
+            width = planner.choose(rows)
+            drafting = 3 * 0.01 * CPU_LIKE(len(rows) - 1) if width else 0.0  # three plain steps of drafting
+            forward = 0.01 * CPU_LIKE(len(rows) * (1 + width) - 1)
+            planner.observe([width] * len(rows), 0, forward, forward + drafting)
+            probes += width > 0
+        return probes
+
+    useless = [row(0.0) for _ in range(8)]
+    budgeted = run(BatchDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64, probe_budget=0.02), useless, 600)
+    unlimited = run(BatchDraftLength(CPU_LIKE, probe_every=8, max_probe_every=64), useless, 600)
+    assert 1 <= budgeted <= 2 + 4 < unlimited
+    with pytest.raises(ValueError, match="probe_budget"):
+        BatchDraftLength(CPU_LIKE, probe_budget=0.0)
+
+
 def forward_seconds(num_tokens: int, decode: float = 0.01, per_token: float = 0.45) -> float:
     """A scripted device: a forward over num_tokens tokens (all rows together) in seconds."""
     return decode * (1 + per_token * (num_tokens - 1))
