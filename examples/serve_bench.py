@@ -194,15 +194,14 @@ def main(argv=None):
                 with httpx.Client() as http:
                     ask(http, url, prompts[0], 8, model)  # warm-up
                 for clients in client_counts:
-                    results, errors, seconds = run_clients(url, model, prompts, clients, args.requests_per_client,
-                                                           args.max_tokens)
-                    if label == DRAFTING_ROW and clients == 1:  # side by side with generate alone, rounds interleaved
-                        one_client.append((alone(), sum(a["tokens"] for _, a in results) / seconds))
-                        for _ in range(args.rounds - 1):
-                            more, more_errors, more_seconds = run_clients(url, model, prompts, 1,
-                                                                          args.requests_per_client, args.max_tokens)
+                    beside_alone = label == DRAFTING_ROW and clients == 1  # rounds interleaved with generate alone
+                    results, errors, seconds = [], [], 0.0
+                    for _ in range(args.rounds if beside_alone else 1):
+                        more, more_errors, more_seconds = run_clients(url, model, prompts, clients,
+                                                                      args.requests_per_client, args.max_tokens)
+                        if beside_alone:
                             one_client.append((alone(), sum(a["tokens"] for _, a in more) / more_seconds))
-                            results, errors, seconds = results + more, errors + more_errors, seconds + more_seconds
+                        results, errors, seconds = results + more, errors + more_errors, seconds + more_seconds
                     wrong = (None if label == TRANSFORMERS_ROW  # not selfspec's weights: see the docstring
                              else sum(answer["text"] != expected[prompt] for prompt, answer in results))
                     tokens = sum(answer["tokens"] for _, answer in results)

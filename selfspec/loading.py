@@ -187,12 +187,12 @@ def _kept_weight(tensor, layer, num_heads: int | None, unsupported: set):
     if tensor is None or not isinstance(layer, torch.nn.Linear):
         return None
     name = tensor.tensor_type.name
-    if name not in q.TYPES and name not in reblock.FILE_BLOCKS:
+    if name not in q.TYPES:
         unsupported.add(name)
         return None
     blocks = torch.from_numpy(tensor.data.copy())  # [out_features, bytes a row], copied out of the memory-mapped file
-    if name in reblock.FILE_BLOCKS:  # (K-quants: re-blocked exactly into the kernel's blocks of 32)
-        blocks, name = reblock.reblocked(name, blocks), reblock.KEPT_AS[name]
+    if name in reblock.SUPER_BLOCK_BYTES:  # (K-quants: re-blocked exactly into the kernel's blocks of 32)
+        blocks = reblock.reblocked(name, blocks)
     if num_heads:  # transformers' reverse permute of Llama's q / k rows, applied to whole rows of blocks
         rows = torch.arange(blocks.shape[0]).reshape(num_heads, -1, 2).transpose(1, 2).reshape(-1)
         blocks = blocks[rows].contiguous()

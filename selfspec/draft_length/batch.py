@@ -71,8 +71,7 @@ class BatchDraftLength:
     `probe_budget`: probes spend at most this share of what plain steps cost (a probe priced as a step of width 1
     less a plain one, or as the last probe's step was timed beyond a plain one, whichever is more: the wider forward
     and every row's drafting, with its catch-up on the states the rows committed since the last proposal), as one
-    sequence's probes do (`ProbeSchedule`'s budget); None: the
-    waits alone limit them. The engine passes 0.02: `selfspec serve` at 8 rows of SmolLM2 over int8 products (two
+    sequence's probes do (`ProbeSchedule`'s budget); None: the waits alone limit them. The engine passes 0.02: `selfspec serve` at 8 rows of SmolLM2 over int8 products (two
     threads), where drafting never paid, ran 0.80x of speculation off with probes every 8-64 steps, each costing about
     three plain steps.
 
@@ -218,9 +217,9 @@ class BatchDraftLength:
         if full_forward:
             self.cost_curve.observe(total_tokens - 1, verify_seconds)
         decode_seconds = self.cost_curve.decode_seconds  # > 0 once a forward was timed
-        if probe and decode_seconds > 0:
-            self.probe_cost = max(0.0, step_seconds / decode_seconds - self.step_cost(len(drafted), 0, 0))
         if decode_seconds > 0:
+            if probe:
+                self.probe_cost = max(0.0, step_seconds / decode_seconds - self.step_cost(len(drafted), 0, 0))
             forward_seconds = verify_seconds if full_forward else self.cost_curve(total_tokens - 1) * decode_seconds
             overhead = max(0.0, step_seconds - forward_seconds) / decode_seconds
             self.overhead.observe(sum(drafted), clipped(overhead, self.overhead.predict(sum(drafted))))

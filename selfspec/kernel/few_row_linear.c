@@ -321,8 +321,8 @@ long few_row_linear_weights_per_thread(void) { return WEIGHTS_PER_THREAD; }
  *                  Q4_0's; w[j] = d * (nibble + 16 * fifth bit - 16)
  *   Q8_0 (type 8): f16 d, 32 int8; w[j] = q[j] * d
  * and two forms that are not the file's bytes but a K-quant's weights re-blocked exactly into blocks of 32
- * (`selfspec/kernel/reblock.py`; float32 scales, since a super-block's f16 scale times a sub-block's 6-bit one needs
- * up to 18 bits):
+ * (`selfspec/kernel/reblock.py`; float32 scales, since a super-block's f16 scale times a sub-block's integer one needs
+ * up to 19 significant bits):
  *   Q4_K (type 12): f32 d, f32 m, 16 bytes of nibbles as Q4_1's; w[j] = d * low nibble + m, w[16 + j] = d * high + m
  *   Q6_K (type 14): f32 d0, f32 d1, 32 int8; w[j] = d0 * q[j] for j < 16, d1 * q[j] for j >= 16
  * Each weight is dequantized in registers to the float32 value gguf's numpy dequantizer gives (a product, then a sum,
@@ -620,8 +620,8 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
  * The interleaved layout: the weight rows in groups of eight (a last group of fewer stays in the file's layout, after
  * the groups); a group's blocks in k order, each block of the eight rows stored as its eight scales (float16, the
  * re-blocked K-quants float32; Q4_1 and Q4_K: then its eight mins; Q6_K: then its eight second scales; Q5_0: then its
- * eight 32-bit words of fifth bits, one a 32-bit lane), then its quantized bytes in chunks of four: chunk c of rows 0..7, then chunk c + 1 (Q4_0 and
- * Q4_1: 4 chunks of nibble bytes, low nibbles weights 4c .. 4c + 3, high nibbles 16 + 4c ..; Q8_0: 8 chunks). So one
+ * eight 32-bit words of fifth bits, one a 32-bit lane), then its quantized bytes in chunks of four: chunk c of rows
+ * 0..7, then chunk c + 1 (Q4_0 and Q4_1: 4 chunks of nibble bytes, low nibbles weights 4c .. 4c + 3, high nibbles 16 + 4c ..; Q8_0: 8 chunks). So one
  * 32-byte load holds four consecutive weights of each of the eight rows, and multiplied by four bytes of x repeated
  * eight times gives each row's sum of those four products in its own 32-bit lane: the eight rows' outputs are the
  * eight lanes of one accumulator, their scales one load, and no lanes are ever summed across.
@@ -630,8 +630,8 @@ int dequantize_rows(int type, const uint8_t *w, long k_dim, const long *ids, lon
  * vpmaddwd: no pair of products reaches the int16 limit, |w| <= 128 and |q| <= 127, so the same integers), and a scalar
  * path (the definition, written out; fmaf is the same single rounding as the vector fused multiply-add). The
  * unsigned-by-signed instructions take Q4 nibbles as they are (Q4_0 subtracts 8 * sum of q after; Q5_0 ORs its fifth
- * bits in first, spread from each lane's word to bit 4 of four bytes by one multiply, and subtracts 16 * sum) and Q8_0 as |w|
- * times q with w's sign. */
+ * bits in first, spread from each lane's word to bit 4 of four bytes by one multiply, and subtracts 16 * sum) and
+ * Q8_0 as |w| times q with w's sign. */
 #include <math.h>
 
 enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_VNNI = 2 };
@@ -713,7 +713,8 @@ static float int8_output_scalar(const int type, const int8_t *xq, const float *x
         else
             for (int j = 0; j < QK; j++)
                 q[j] = (int8_t)grouped_integer(type, block, lane, j);
-        const float dw = block_scale(type, block, lane, 0), second = block_scale(type, block, lane, 1);
+        const float dw = block_scale(type, block, lane, 0);
+        const float second = has_min(type) || type == Q6_K ? block_scale(type, block, lane, 1) : 0.0f;
         int isum = 0, isum1 = 0;
         for (int j = 0; j < QK; j++) {
             if (type == Q6_K && j >= QK / 2)

@@ -22,8 +22,8 @@ GROUP_ROWS = 8  # weight rows interleaved together (the kernel's GROUP_ROWS)
 def interleave(blocks: torch.Tensor, qtype: int) -> torch.Tensor:
     """GGUF rows [n, row bytes] (uint8) -> the same bytes in the int8 kernel's layout: full groups of GROUP_ROWS rows,
     each block of a group its eight rows' scales (then their second scales: Q4_1's and Q4_K's mins, Q6_K's d of its
-    second half-block; Q5_0: their 32-bit words of fifth bits), then their quantized bytes in chunks of four (chunk c of rows 0..7, then chunk c + 1); the last
-    n % 8 rows as they were."""
+    second half-block; Q5_0: their 32-bit words of fifth bits), then their quantized bytes in chunks of four (chunk c
+    of rows 0..7, then chunk c + 1); the last n % 8 rows as they were."""
     return _permuted(blocks, qtype, inverse=False)
 
 

@@ -29,7 +29,7 @@ from selfspec.kernel.backends import resolve_backend
 from selfspec.kernel.int8 import int8_linear
 
 # GGML type ids (gguf.GGMLQuantizationType) -> bytes of one block of BLOCK_WEIGHTS weights along a row (the kernel's
-# own table, tested equal). Q4_0, Q4_1, Q8_0: the file's blocks (gguf.GGML_QUANT_SIZES). Q4_K, Q6_K: a K-quant's
+# own table, tested equal). Q4_0, Q4_1, Q5_0, Q8_0: the file's blocks (gguf.GGML_QUANT_SIZES). Q4_K, Q6_K: a K-quant's
 # weights re-blocked exactly into blocks of 32 (`reblock.reblocked`: float32 scales; not the file's super-blocks).
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 24, 14: 40}
@@ -37,16 +37,16 @@ BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 24, 14: 40}
 # Q6_K's second half-block's d); Q5_0's 4 bytes of fifth bits follow its d.
 BLOCK_SCALES = {2: (1, 2), 3: (2, 2), 6: (1, 2), 8: (1, 2), 12: (2, 4), 14: (2, 4)}
 FIFTH_BITS = {6: 4}
+BLOCK_WEIGHTS = 32
+MAX_ROWS = few_row_linear.MAX_ROWS
+# Weights dequantized at a time for products over more than MAX_ROWS rows (and whole-weight uses): 16 MB of float32.
+CHUNK_WEIGHTS = 1 << 22
 
 
 def header_fields(qtype: int) -> list[int]:
     """The bytes of each field opening a block of type `qtype`, in order (its scales, then Q5_0's fifth bits)."""
     count, size = BLOCK_SCALES[qtype]
     return [size] * count + ([FIFTH_BITS[qtype]] if qtype in FIFTH_BITS else [])
-BLOCK_WEIGHTS = 32
-MAX_ROWS = few_row_linear.MAX_ROWS
-# Weights dequantized at a time for products over more than MAX_ROWS rows (and whole-weight uses): 16 MB of float32.
-CHUNK_WEIGHTS = 1 << 22
 
 
 def unavailable_reason() -> str | None:

@@ -19,18 +19,16 @@ from __future__ import annotations
 import torch
 
 SUPER_WEIGHTS = 256  # weights of one K-quant super-block
-# file type -> (weights, bytes) of one of its blocks in the file (gguf.GGML_QUANT_SIZES), and the type it is kept as
-FILE_BLOCKS = {"Q4_K": (SUPER_WEIGHTS, 144), "Q6_K": (SUPER_WEIGHTS, 210)}
-KEPT_AS = {"Q4_K": "Q4_K", "Q6_K": "Q6_K"}
+SUPER_BLOCK_BYTES = {"Q4_K": 144, "Q6_K": 210}  # bytes of one super-block in the file (gguf.GGML_QUANT_SIZES)
 
 
 def reblocked(name: str, data: torch.Tensor) -> torch.Tensor:
-    """A tensor's rows of type `name` as the file holds them (uint8 [rows, whole blocks]) -> the kernel's rows of
-    type KEPT_AS[name] (uint8 [rows, in_features / 32 * its block bytes])."""
-    if name not in FILE_BLOCKS:
-        raise ValueError(f"GGUF type {name!r}: selfspec re-blocks only {tuple(FILE_BLOCKS)}")
+    """A K-quant tensor's rows as the file holds them (uint8 [rows, whole super-blocks]) -> the kernel's rows of the
+    same type name (uint8 [rows, in_features / 32 * its block bytes: `quantized.BLOCK_BYTES`])."""
+    if name not in SUPER_BLOCK_BYTES:
+        raise ValueError(f"GGUF type {name!r}: selfspec re-blocks only {tuple(SUPER_BLOCK_BYTES)}")
     rows, row_bytes = data.shape
-    size = FILE_BLOCKS[name][1]
+    size = SUPER_BLOCK_BYTES[name]
     if data.dtype != torch.uint8 or row_bytes % size:
         raise ValueError(f"{name} rows {tuple(data.shape)} {data.dtype}: expected uint8 rows of whole blocks "
                          f"({size} bytes each)")

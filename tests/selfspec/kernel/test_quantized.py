@@ -21,7 +21,7 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType, quants  # noqa: E402
 
 TYPES = list(q.TYPES)
-K_QUANTS = ("Q4_K", "Q6_K")  # (kept re-blocked into blocks of 32: `reblock`)
+K_QUANTS = tuple(reblock.SUPER_BLOCK_BYTES)  # (kept re-blocked into blocks of 32)
 
 
 def file_blocks(weights: np.ndarray, qtype: str) -> np.ndarray:
@@ -52,7 +52,7 @@ def test_block_sizes_are_ggufs():
         count, size = q.BLOCK_SCALES[code]
         if name in K_QUANTS:  # the file's super-blocks; kept re-blocked: two float32 scales a block
             assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (reblock.SUPER_WEIGHTS,
-                                                                          reblock.FILE_BLOCKS[name][1])
+                                                                          reblock.SUPER_BLOCK_BYTES[name])
             assert (count, size) == (2, 4) and q.BLOCK_BYTES[code] == 8 + (16 if name == "Q4_K" else 32)
         else:
             assert gguf.GGML_QUANT_SIZES[GGMLQuantizationType[name]] == (q.BLOCK_WEIGHTS, q.BLOCK_BYTES[code])
@@ -64,7 +64,7 @@ def test_block_sizes_are_ggufs():
 def test_k_quants_reblock_to_ggufs_weights_and_refuse_other_bytes(needs_kernel, qtype):
     """Whole super-blocks of every byte value (scales included: gguf's test files are llama.cpp's, ours random) ->
     the kept blocks dequantize to gguf's weights bit for bit."""
-    size, generator = reblock.FILE_BLOCKS[qtype][1], torch.Generator().manual_seed(7)
+    size, generator = reblock.SUPER_BLOCK_BYTES[qtype], torch.Generator().manual_seed(7)
     data = torch.randint(0, 256, (9, 3, size), dtype=torch.uint8, generator=generator)
     halves = slice(0, 4) if qtype == "Q4_K" else slice(208, 210)  # the float16 scales: finite, either sign
     scales = (torch.rand(9, 3, 2 if qtype == "Q4_K" else 1, generator=generator) - 0.5) * 0.02
