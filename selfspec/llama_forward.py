@@ -28,6 +28,7 @@ from selfspec.attention_backends import takes_ordered_attention
 from selfspec.hf_compat import cache_arg
 from selfspec.kernel.attention import ordered_attention, visible_keys
 from selfspec.kernel import int8
+from selfspec.kernel.llama_layer import KernelLayer
 from selfspec.kernel.quantized import QuantizedLinear, QuantizedWeight, kernel_takes
 
 
@@ -112,6 +113,7 @@ class LlamaForward:
         self.replaced_forward_dicts = [m.__dict__ for m in decoder.modules() if type(m) is not torch.nn.Linear]
         self.qkv = [SameInputProducts(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj) for l in self.layers]
         self.gate_up = [SameInputProducts(l.mlp.gate_proj, l.mlp.up_proj) for l in self.layers]
+        self.kernel_layers: list = []  # per layer, its KernelLayer or None (`of`, once the probe has passed)
 
     @classmethod
     def of(cls, model) -> "LlamaForward | None":
@@ -135,7 +137,13 @@ class LlamaForward:
         if not plain or any(hasattr(module, "_hf_hook") for module in decoder.modules()):
             return None
         forward = cls(decoder)
-        return forward if forward.reproduces_decoder() else None
+        if not forward.reproduces_decoder():
+            return None
+        # (after the probe: the kernel's layers compute the GGUF model in their own float operations, not the
+        # decoder's bits; `kernel/llama_layer.py` says why that keeps drafting exact)
+        forward.kernel_layers = [KernelLayer.of(layer, qkv, gate_up)
+                                 for layer, qkv, gate_up in zip(forward.layers, forward.qkv, forward.gate_up)]
+        return forward
 
     def runs_modules(self) -> bool:
         """Whether a hook (forward or pre-forward, on a decoder module or global) or a module's replaced forward asks
@@ -150,35 +158,54 @@ class LlamaForward:
                  position_ids: torch.Tensor | None = None, feature_layers: tuple[int, ...] = ()):
         """[B, n] ids after the cache's contents -> ([B, n, hidden] final normed states, [the input of decoder layer
         l for l in feature_layers]); attention_mask / position_ids as the decoder's own forward takes them."""
-        decoder = self.decoder
-        hidden = decoder.embed_tokens(input_ids)
+        hidden, features = self.run_layers(self.decoder.embed_tokens(input_ids), cache, 0, len(self.layers),
+                                           attention_mask, position_ids, feature_layers)
+        return rms_norm(self.decoder.norm, hidden), features
+
+    def run_layers(self, hidden: torch.Tensor, cache, start: int, end: int, attention_mask: torch.Tensor | None = None,
+                   position_ids: torch.Tensor | None = None, feature_layers: tuple[int, ...] = ()):
+        """[B, n, hidden] input of layer `start` -> ([B, n, hidden] output of layer `end - 1`, before the final norm;
+        [the input of layer l for l in feature_layers]). The tokens sit after what layer `start` has cached (early
+        exit runs ahead in the first layers); each layer writes their keys and values."""
         if position_ids is None:
-            past = cache.get_seq_length()
+            past = cache.get_seq_length(start)
             position_ids = torch.arange(past, past + hidden.shape[1], device=hidden.device)[None]
         mask = create_causal_mask(config=self.config, inputs_embeds=hidden, attention_mask=attention_mask,
-                                  **cache_arg(cache), position_ids=position_ids)
-        cos, sin = decoder.rotary_emb(hidden, position_ids=position_ids)
+                                  **cache_arg(cache), position_ids=position_ids, layer_idx=start)
+        cos, sin = self.decoder.rotary_emb(hidden, position_ids=position_ids)
         # for [B, heads, n, d] and for [B, n, heads, d]
         rotary = cos[:, None], sin[:, None], cos[:, :, None], sin[:, :, None]
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+        kernel = ()  # the layers' KernelLayer (or None), where every forward of this kind runs through them
         if takes_ordered_attention(attend):  # (the mask read once here, not once a layer)
             batch, width = hidden.shape[:2]
-            applies, visible = visible_keys(mask, batch, width, cache.get_seq_length() + width)
+            applies, visible = visible_keys(mask, batch, width, cache.get_seq_length(start) + width)
             head_dim = self.layers[0].self_attn.head_dim
             if applies and hidden.dtype is torch.float32 and hidden.is_cpu and head_dim % 8 == 0:
                 visible = None if visible is None else visible.to(torch.uint8).contiguous()
+                kernel = self.kernel_layers
+                kernel_rotary = cos.expand(batch, width, -1).contiguous(), sin.expand(batch, width, -1).contiguous()
 
                 def attend(attn, query, key, value, _mask, **_):
                     return ordered_attention(query, key, value, visible, attn.scaling), None
-        features = {}
-        for index, layer in enumerate(self.layers):
+        features, owned = {}, False  # owned: hidden is this forward's own tensor (the kernel's layers update it in place)
+        for index in range(start, end):
+            layer = self.layers[index]
             if index in feature_layers:
-                features[index] = hidden
+                features[index], owned = hidden, False
+            kernel_layer = kernel[index] if kernel else None
+            if kernel_layer is not None and kernel_layer.active():
+                if not owned:
+                    hidden, owned = hidden.clone(memory_format=torch.contiguous_format), True
+                query, key, value = kernel_layer.attention_in(hidden, *kernel_rotary)
+                key, value = cache.update(key, value, layer.self_attn.layer_idx)
+                kernel_layer.attention_out(hidden, query, key, value, visible)
+                continue
             hidden = hidden + self._attention(layer.self_attn, self.qkv[index], rms_norm(layer.input_layernorm, hidden),
                                               rotary, mask, cache, attend)
             gate, up = self.gate_up[index](rms_norm(layer.post_attention_layernorm, hidden))
-            hidden = hidden + product(layer.mlp.down_proj, F.silu(gate) * up)
-        return rms_norm(decoder.norm, hidden), [features[l] for l in feature_layers]
+            hidden, owned = hidden + product(layer.mlp.down_proj, F.silu(gate) * up), True
+        return hidden, [features[l] for l in feature_layers]
 
     @staticmethod
     def _attention(attn, qkv: SameInputProducts, x: torch.Tensor, rotary, mask, cache, attend) -> torch.Tensor:

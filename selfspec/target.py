@@ -111,6 +111,14 @@ class TargetModel:
                            **cache_arg(hf_cache), use_cache=True, **self.decoder_options)
         return self.states(out)
 
+    def _run_layers(self, hidden: torch.Tensor, hf_cache, start: int, end: int,
+                    attention_mask: torch.Tensor | None = None, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Layers [start, end) of the decoder (`ModelParts.run_layers`' contract), by the plain forward where `decode`
+        takes it: a drafter that runs part of the model (early exit) computes those layers as every forward does."""
+        if self.plain_forward is not None and not self.plain_forward.runs_modules():
+            return self.plain_forward.run_layers(hidden, hf_cache, start, end, attention_mask, position_ids)[0]
+        return self.parts.run_layers(hidden, hf_cache, start, end, attention_mask, position_ids)
+
     def _refuse_resume_with_features(self) -> None:
         if self.feature_layers:
             raise NotImplementedError(
@@ -131,14 +139,14 @@ class TargetModel:
         self._refuse_resume_with_features()
         if start_hidden is None or start_hidden.shape[0] != token_ids.shape[0]:
             raise ValueError(f"resuming at layer {start_layer} needs the layer's output for all {token_ids.shape[0]} tokens")
-        hidden = self.parts.run_layers(start_hidden[None], cache.hf_cache, start_layer, self.num_layers)
+        hidden = self._run_layers(start_hidden[None], cache.hf_cache, start_layer, self.num_layers)
         return self.parts.norm(hidden)[0]
 
     def exit_forward(self, token_ids: torch.Tensor, cache: KVCache, exit_layer: int) -> torch.Tensor:
         """[num_tokens] ids after layer 0's cached tokens -> [num_tokens, hidden] output of the first `exit_layer`
         layers (before the final norm); writes those layers' keys and values only."""
         parts = self.parts
-        return parts.run_layers(parts.embed(token_ids[None], cache.hf_cache), cache.hf_cache, 0, exit_layer)[0]
+        return self._run_layers(parts.embed(token_ids[None], cache.hf_cache), cache.hf_cache, 0, exit_layer)[0]
 
     def exit_forward_block(self, block_ids: torch.Tensor, hf_cache, exit_layer: int, attention_mask: torch.Tensor,
                            position_ids: torch.Tensor) -> torch.Tensor:
@@ -146,15 +154,14 @@ class TargetModel:
         output of the first `exit_layer` layers (before the final norm); writes those layers' keys and values only."""
         parts = self.parts
         hidden = parts.embed(block_ids, hf_cache, position_ids)
-        return parts.run_layers(hidden, hf_cache, 0, exit_layer, attention_mask, position_ids)
+        return self._run_layers(hidden, hf_cache, 0, exit_layer, attention_mask, position_ids)
 
     def forward_block_from(self, start_hidden: torch.Tensor, hf_cache, start_layer: int, attention_mask: torch.Tensor,
                            position_ids: torch.Tensor) -> torch.Tensor:
         """A batch's ragged rows whose first `start_layer` layers already ran over the block (`exit_forward_block`):
         [B, n, hidden] their output -> [B, n, hidden] final (normed) hidden states; only the remaining layers run."""
         self._refuse_resume_with_features()
-        hidden = self.parts.run_layers(start_hidden, hf_cache, start_layer, self.num_layers, attention_mask,
-                                       position_ids)
+        hidden = self._run_layers(start_hidden, hf_cache, start_layer, self.num_layers, attention_mask, position_ids)
         return self.parts.norm(hidden)
 
     def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:

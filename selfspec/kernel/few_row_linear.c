@@ -988,3 +988,6 @@ int ordered_attention(const float *q, long B, long H, long W, long D, const floa
     }
     return 0;
 }
+
+/* ---- One Llama decoder layer over the int8 products, in two calls: llama_layer.c (its own file, one library) */
+#include "llama_layer.c"

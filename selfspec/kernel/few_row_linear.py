@@ -69,6 +69,8 @@ MIN_ROWS, MAX_ROWS = 2, 32
 # time (`one_row_pays`): a clear gain, not a coin toss between two equal paths on a noisy machine.
 ONE_ROW_GAIN = 0.9
 SOURCE = Path(__file__).parent / "few_row_linear.c"
+# what the library is built from: SOURCE includes the others (one translation unit, one library)
+SOURCES = (SOURCE, Path(__file__).parent / "llama_layer.c")
 # -ffp-contract=off: the quantized paths compute a weight as a product, then a sum (d * q + m), each rounded as gguf's
 # dequantizer does; the float32 paths' fused multiply-adds are written out as intrinsics, so they stay fused.
 FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]
@@ -132,7 +134,7 @@ def kernel_isa() -> str | None:
 @lru_cache(maxsize=1)
 def kernel_version() -> str:
     """A digest of the kernel's source and instruction set: what a verify-cost curve learned with it depends on."""
-    return hashlib.sha256(SOURCE.read_bytes() + str(kernel_isa()).encode()).hexdigest()[:12]
+    return hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES) + str(kernel_isa()).encode()).hexdigest()[:12]
 
 
 def unavailable_reason() -> str | None:
@@ -442,7 +444,7 @@ def _library(path: Path) -> ctypes.CDLL:
 def _build(compiler: str, isa_flags: list[str]) -> Path:
     """The cached library for these flags, built (again) unless its checksum file vouches for it: a truncated .so
     (a full disk, an interrupted copy) kills the process that loads it with SIGBUS, in every later run too."""
-    source, flags = SOURCE.read_bytes(), [*FLAGS, *isa_flags]
+    source, flags = b"".join(path.read_bytes() for path in SOURCES), [*FLAGS, *isa_flags]
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"
     checksum = library.with_name(library.name + ".sha256")

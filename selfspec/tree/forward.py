@@ -11,6 +11,7 @@ from __future__ import annotations
 import weakref
 
 import torch
+from transformers import DynamicCache
 
 from selfspec.attention_backends import additive_mask, engine_attention_context
 from selfspec.cache import KVCache
@@ -107,7 +108,8 @@ def _probe_tree_forward(target: TargetModel, name: str, attn) -> None:
     paths = [tree.path_to(leaf) for leaf in range(tree.num_nodes) if not tree.children[leaf + 1]]
     longest = max(len(path) for path in paths)
     ids = torch.stack([torch.cat([prompt, tokens[path], prompt[:1].repeat(longest - len(path))]) for path in paths])
-    expected = target.decoder(input_ids=ids, use_cache=False).last_hidden_state[:, len(prompt) - 1:]
+    # (through the target's own forward, as decoding computes it: over int8 products the kernel's layers)
+    expected = target.decode(ids, DynamicCache(config=target.model.config))[:, len(prompt) - 1:, : target.hidden_size]
     for path, path_states in zip(paths, expected):
         for row, state in zip([0] + [node + 1 for node in path], path_states):
             difference = float((got[row] - state).abs().max() / state.abs().max().clamp_min(1.0))

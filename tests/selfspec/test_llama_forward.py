@@ -1,6 +1,7 @@
-"""The plain Llama forward: bit for bit the decoder's own forward on every shape the engine asks (prefill, decode,
-chain block, tree mask, a batch's ragged rows, feature layers), built only where it is, and the engine's tokens the
-same through it as through the decoder's forward (the oracle) for every drafter, chains, trees and batches."""
+"""The plain Llama forward's tensor operations: bit for bit the decoder's own forward on every shape the engine asks
+(prefill, decode, chain block, tree mask, a batch's ragged rows, feature layers), built only where it is, and the
+engine's tokens the same through it as through the decoder's forward (the oracle) for every drafter, chains, trees and
+batches. (Over int8 products its layers run in the kernel instead: tests/selfspec/kernel/test_llama_layer.py.)"""
 from __future__ import annotations
 
 import pytest
@@ -51,6 +52,7 @@ def blocks(vocab: int):
 def test_the_plain_forward_is_the_decoders_bit_for_bit(llama):
     plain = LlamaForward.of(llama)
     assert plain is not None
+    plain.kernel_layers = []  # (its tensor operations; the kernel's layers compute their own: test_llama_layer.py)
     decoder, dtype = llama.get_decoder(), TargetModel(llama).dtype
     ours, theirs = DynamicCache(config=llama.config), DynamicCache(config=llama.config)
     layers = (1, 0)  # (an order other than the layers')
@@ -126,6 +128,7 @@ def test_the_engine_runs_the_plain_forward_and_gives_the_decoders_tokens(llama, 
         return real_decode(target, *args, **kwargs)
 
     monkeypatch.setattr(TargetModel, "decode", counted_decode)
+    TargetModel(llama).plain_forward.kernel_layers = []  # (the kernel's layers: test_llama_layer.py)
     drafters = [dict(drafter="ngram"), dict(heads=heads), dict(heads=heads, tree_size=6),
                 dict(drafter="early_exit", exit_layer=1)]
     try:
