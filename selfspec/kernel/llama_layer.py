@@ -22,9 +22,9 @@ from selfspec.kernel import few_row_linear, int8
 from selfspec.kernel.quantized import QuantizedLinear
 
 
-@lru_cache(maxsize=1)
-def _entry_points():
-    library = few_row_linear._kernel_library()
+@lru_cache(maxsize=None)
+def _entry_points(isa: str | None):
+    library = few_row_linear._kernel_library() if isa is None else few_row_linear._built_library(isa)[0]
     if library is None:
         raise RuntimeError(f"selfspec's kernel is unavailable: {few_row_linear.unavailable_reason()}")
     p, n, i, f = ctypes.c_void_p, ctypes.c_long, ctypes.c_int, ctypes.c_float
@@ -42,6 +42,11 @@ def _check(status: int, call: str) -> None:
 
 class KernelLayer:
     """One decoder layer's weights as the kernel reads them (see the module). Build with `KernelLayer.of(...)`."""
+
+    # the build ("avx2" / "avx512"; None: the one this CPU takes) and int8 path (`int8.INT8_PATHS`; None: the best
+    # this CPU has) the calls take: tests run every one
+    isa: str | None = None
+    path: str | None = None
 
     def __init__(self, layer, qkv, gate_up):
         attn, mlp = layer.self_attn, layer.mlp
@@ -75,6 +80,9 @@ class KernelLayer:
         chosen after the forward was built)."""
         return all(linear._backend == "int8" and linear._weight.interleaved for linear in self.linears)
 
+    def _path_code(self) -> int:
+        return -1 if self.path is None else int8.INT8_PATHS.index(self.path)
+
     def attention_in(self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """hidden [B, W, hidden] contiguous float32, cos / sin [B, W, head_dim] contiguous -> (q [B, H, W, D], k and v
         [B, Hkv, W, D]): the keys and values of these positions, for the cache."""
@@ -82,7 +90,7 @@ class KernelLayer:
         D = self.head_dim
         q = hidden.new_empty((B, self.heads, W, D))
         k, v = hidden.new_empty((2, B, self.kv_heads, W, D))
-        _check(_entry_points()[0](-1, self.qkv.qtype, B, W, width, hidden.data_ptr(),
+        _check(_entry_points(self.isa)[0](self._path_code(), self.qkv.qtype, B, W, width, hidden.data_ptr(),
                                   self.input_norm.weight.data_ptr(), self.input_norm.variance_epsilon,
                                   self.qkv.blocks.data_ptr(), self.heads, self.kv_heads, D, cos.data_ptr(),
                                   sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr()), "llama_attention_in")
@@ -95,8 +103,8 @@ class KernelLayer:
         B, W, width = hidden.shape
         if key.stride(-1) != 1 or value.stride(-1) != 1:
             key, value = key.contiguous(), value.contiguous()
-        _check(_entry_points()[1](
-            -1, B, W, width, hidden.data_ptr(), q.data_ptr(), self.heads, self.head_dim, key.data_ptr(),
+        _check(_entry_points(self.isa)[1](
+            self._path_code(), B, W, width, hidden.data_ptr(), q.data_ptr(), self.heads, self.head_dim, key.data_ptr(),
             value.data_ptr(), self.kv_heads, key.shape[2], *key.stride()[:3], *value.stride()[:3],
             None if visible is None else visible.data_ptr(), self.scaling, self.o.qtype, self.o.blocks.data_ptr(),
             self.post_norm.weight.data_ptr(), self.post_norm.variance_epsilon, self.gate_up.qtype,

@@ -78,6 +78,21 @@ def test_every_layer_runs_in_the_kernel_and_each_row_alone(int8_llama, kernel_ca
         torch.set_num_threads(threads)
 
 
+def test_every_build_and_int8_path_computes_the_same_layers(int8_llama, monkeypatch):
+    """The AVX2 build (what an AVX2-only CPU runs; a CPU with AVX-512 builds it too for this) and each int8 path this
+    CPU has (scalar, AVX2, AVX-512 VNNI): the same states bit for bit, so no path leans on the build's own flags."""
+    from selfspec.kernel import few_row_linear, int8
+
+    ids = (torch.arange(10) * 11 + 5) % int8_llama.config.vocab_size
+    expected = states(int8_llama, [ids[:6], ids[6:]])[1]
+    builds = [None] + (["avx2"] if few_row_linear.kernel_isa() == "avx512" else [])
+    for isa in builds:
+        for path in int8.int8_paths():
+            monkeypatch.setattr(KernelLayer, "isa", isa)
+            monkeypatch.setattr(KernelLayer, "path", path)
+            assert torch.equal(states(int8_llama, [ids[:6], ids[6:]])[1], expected), (isa, path)
+
+
 def _distance_to_decoder(model) -> float:
     """The largest difference between the kernel's final states and the decoder's own forward over the same products,
     relative to the states' largest magnitude (a prefill, then a block of 3)."""
