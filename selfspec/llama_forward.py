@@ -141,8 +141,7 @@ class LlamaForward:
             return None
         # (after the probe: the kernel's layers compute the GGUF model in their own float operations, not the
         # decoder's bits; `kernel/llama_layer.py` says why that keeps drafting exact)
-        forward.kernel_layers = [KernelLayer.of(layer, qkv, gate_up)
-                                 for layer, qkv, gate_up in zip(forward.layers, forward.qkv, forward.gate_up)]
+        forward.kernel_layers = [KernelLayer.of(layer) for layer in forward.layers]
         return forward
 
     def runs_modules(self) -> bool:

@@ -47,12 +47,13 @@ INLINE void quantize_row(const float *x, long r, long k_dim, int8_rows a) {
     quantize_activations(x, 1, k_dim, a.q + r * k_dim, a.d + r * blocks, a.s + r * blocks, a.sum + r * blocks);
 }
 
-/* This thread's share of y [rows, n_dim] = the int8 rows a times w (interleaved, n_dim % GROUP_ROWS == 0). */
+/* This thread's share of y [rows, n_dim] (rows ldy apart) = the int8 rows a times w (interleaved, n_dim %
+ * GROUP_ROWS == 0). */
 INLINE void shared_product(int path, int type, int8_rows a, long rows, long k_dim, const uint8_t *w, long n_dim,
-                           float *y) {
+                           long ldy, float *y) {
     long lo, hi;
     thread_share(n_dim / GROUP_ROWS, &lo, &hi);
-    int8_groups(path, type, a.q, a.d, a.s, a.sum, rows, k_dim, w, lo, hi, n_dim, y);
+    int8_groups(path, type, a.q, a.d, a.s, a.sum, rows, k_dim, w, lo, hi, ldy, y);
 }
 
 /* out = weight * (x / sqrt(mean(x^2) + eps)); n % 8 == 0. */
@@ -88,14 +89,16 @@ static int layer_path(int path) {
 }
 
 /* x [B * W, hidden] (rows b * W + i) -> q [B, H, W, D], k and v [B, Hkv, W, D]: the input norm (weight norm_w), the
- * joined q / k / v product (qkv: (H + 2 Hkv) D interleaved rows of `type`), rotary on q and k (cos, sin [B * W, D]).
+ * q, k and v products (H D, Hkv D and Hkv D interleaved rows of their own types: a Q4_K_M file mixes them), rotary on
+ * q and k (cos, sin [B * W, D]).
  * path: the int8 path (-1: the best this CPU has). Returns 0; -1 for shapes it does not take, -2 for a path this CPU
  * lacks, -3 where memory ran out. */
-int llama_attention_in(int path, int type, long B, long W, long hidden, const float *x, const float *norm_w,
-                       float eps, const uint8_t *qkv, long H, long Hkv, long D, const float *cos, const float *sin,
-                       float *q, float *k, float *v) {
+int llama_attention_in(int path, long B, long W, long hidden, const float *x, const float *norm_w, float eps,
+                       int q_type, const uint8_t *q_w, int k_type, const uint8_t *k_w, int v_type, const uint8_t *v_w,
+                       long H, long Hkv, long D, const float *cos, const float *sin, float *q, float *k, float *v) {
     const long rows = B * W, n_qkv = (H + 2 * Hkv) * D;
-    if (!block_bytes(type) || hidden % QK || n_qkv % GROUP_ROWS || D % 2 || hidden % 8)
+    if (!block_bytes(q_type) || !block_bytes(k_type) || !block_bytes(v_type) || hidden % QK || (H * D) % GROUP_ROWS
+            || (Hkv * D) % GROUP_ROWS || D % 2 || hidden % 8)
         return -1;
     if ((path = layer_path(path)) < 0)
         return -2;
@@ -117,7 +120,10 @@ int llama_attention_in(int path, int type, long B, long W, long hidden, const fl
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        shared_product(path, type, a, rows, hidden, qkv, n_qkv, joined);
+        /* (each thread its share of each product: their outputs are disjoint columns, no barrier between) */
+        shared_product(path, q_type, a, rows, hidden, q_w, H * D, n_qkv, joined);
+        shared_product(path, k_type, a, rows, hidden, k_w, Hkv * D, n_qkv, joined + H * D);
+        shared_product(path, v_type, a, rows, hidden, v_w, Hkv * D, n_qkv, joined + (H + Hkv) * D);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
@@ -140,15 +146,15 @@ int llama_attention_in(int path, int type, long B, long W, long hidden, const fl
 /* The rest of the layer, x [B * W, hidden] updated in place: attention of q [B, H, W, D] over keys / values [B, Hkv,
  * L, D] by strides (elements; the last dimension contiguous) as `ordered_attention` computes it (visible [B, W, L] or
  * NULL for causal), the o product (o: hidden interleaved rows of o_type over H D), the residual; then the post-attention
- * norm, the joined gate / up product (gate_up: 2 I rows of gu_type, gate's first), silu(gate) * up, the down product
- * (down: hidden rows of down_type over I), the residual. Returns as llama_attention_in. */
+ * norm, the gate and up products (I rows each, of their own types), silu(gate) * up, the down product (down: hidden
+ * rows of down_type over I), the residual. Returns as llama_attention_in. */
 int llama_attention_out(int path, long B, long W, long hidden, float *x, const float *q, long H, long D,
                         const float *k, const float *v, long Hkv, long L, long k_sb, long k_sh, long k_sl, long v_sb,
                         long v_sh, long v_sl, const uint8_t *visible, float scale, int o_type, const uint8_t *o,
-                        const float *norm_w, float eps, int gu_type, const uint8_t *gate_up, long I, int down_type,
-                        const uint8_t *down) {
+                        const float *norm_w, float eps, long I, int gate_type, const uint8_t *gate, int up_type,
+                        const uint8_t *up_w, int down_type, const uint8_t *down) {
     const long rows = B * W, HD = H * D, widest = HD > I ? (HD > hidden ? HD : hidden) : (I > hidden ? I : hidden);
-    if (!block_bytes(o_type) || !block_bytes(gu_type) || !block_bytes(down_type) || HD % QK || hidden % QK || I % QK
+    if (!block_bytes(o_type) || !block_bytes(gate_type) || !block_bytes(up_type) || !block_bytes(down_type) || HD % QK || hidden % QK || I % QK
             || hidden % GROUP_ROWS || I % GROUP_ROWS || D % 8 || H % Hkv || hidden % 8)
         return -1;
     if ((path = layer_path(path)) < 0)
@@ -184,7 +190,7 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        shared_product(path, o_type, a_attended, rows, HD, o, hidden, out);
+        shared_product(path, o_type, a_attended, rows, HD, o, hidden, hidden, out);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
@@ -198,7 +204,8 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        shared_product(path, gu_type, a_normed, rows, hidden, gate_up, 2 * I, gu);
+        shared_product(path, gate_type, a_normed, rows, hidden, gate, I, 2 * I, gu);
+        shared_product(path, up_type, a_normed, rows, hidden, up_w, I, 2 * I, gu + I);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
@@ -212,7 +219,7 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        shared_product(path, down_type, a_act, rows, I, down, hidden, out);
+        shared_product(path, down_type, a_act, rows, I, down, hidden, hidden, out);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif

@@ -17,18 +17,28 @@ from selfspec.kernel.llama_layer import KernelLayer
 from selfspec.loading import load_model
 from selfspec.target import TargetModel
 from tests.conftest import random_prompt, repetitive_prompt
-from tests.selfspec.exercised import assert_exercised, greedy_sequences, trained_heads
+from tests.selfspec.exercised import assert_exercised, greedy_sequences, scrambled_model, trained_heads
 
 
 def _int8_llama(qtype: str, directory):
-    from tests.selfspec.kernel.test_quantized import tiny_gguf_file
+    from tests.selfspec.kernel.test_quantized import tiny_gguf_file, write_gguf
 
-    model = load_model(tiny_gguf_file(qtype, directory))
+    if qtype == "mixed":  # (as a Q4_K_M file: one layer's products of several types)
+        path = directory / "tiny.mixed.gguf"
+        model = scrambled_model("llama", dtype=torch.float32, hidden=64, num_layers=2, vocab_size=256)
+        model.config.tie_word_embeddings = True
+        write_gguf(model, path, "Q4_1", types={"attn_v": "Q8_0", "ffn_up": "Q4_0", "ffn_down": "Q5_0"})
+    else:
+        path = tiny_gguf_file(qtype, directory)
+    model = load_model(path)
     backends.use_backend(model, "int8")
+    layer = model.model.layers[0]
+    kinds = {linear.weight.name for linear in (layer.self_attn.v_proj, layer.mlp.up_proj, layer.mlp.down_proj)}
+    assert len(kinds) == (3 if qtype == "mixed" else 1)
     return model
 
 
-@pytest.fixture(params=["Q4_1", "Q8_0", "Q6_K"])
+@pytest.fixture(params=["Q4_1", "Q8_0", "Q6_K", "mixed"])
 def int8_llama(request, tmp_path, needs_kernel):
     return _int8_llama(request.param, tmp_path)
 

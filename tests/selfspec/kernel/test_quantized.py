@@ -140,9 +140,10 @@ def test_a_quantized_weight_reads_like_the_float_weight(needs_kernel):
         q.QuantizedWeight(weight.blocks[:, :-1].contiguous(), "Q4_0", 64)
 
 
-def write_gguf(model, path, qtype: str) -> None:
+def write_gguf(model, path, qtype: str, types: dict[str, str] | None = None) -> None:
     """`model` (a tiny float32 Llama, tied embeddings) as llama.cpp writes a GGUF file: q / k rows permuted, its
-    linears and token embedding quantized to `qtype`, norms float32."""
+    linears and token embedding quantized to `qtype` (types: another type for some tensors by their GGUF name's kind,
+    e.g. {"attn_v": "Q8_0"}, as a Q4_K_M file mixes them), norms float32."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_context_length(config.max_position_embeddings)
@@ -164,8 +165,8 @@ def write_gguf(model, path, qtype: str) -> None:
     def add(name, weight, quantize=True):
         weight = weight.detach().float().numpy()
         if quantize:
-            writer.add_tensor(name, file_blocks(weight, qtype),
-                              raw_dtype=GGMLQuantizationType[qtype])
+            kind = (types or {}).get(name.split(".")[-2], qtype)
+            writer.add_tensor(name, file_blocks(weight, kind), raw_dtype=GGMLQuantizationType[kind])
         else:
             writer.add_tensor(name, weight)
 
