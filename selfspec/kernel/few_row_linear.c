@@ -912,6 +912,41 @@ int quantized_linear_int8(int type, int path, const float *x, long rows, long k_
     return 0;
 }
 
+/* The file's bytes of lane `lane`'s block in an interleaved group's block gb (the inverse of the layout above), at b. */
+INLINE void ungroup_block(const int type, const uint8_t *gb, int lane, uint8_t *b) {
+    const long first = float_scales(type) ? 4 : 2, header = header_bytes(type), second = header - first;
+    memcpy(b, gb + lane * first, first);
+    if (second)
+        memcpy(b + first, gb + GROUP_ROWS * first + lane * second, second);
+    const uint8_t *q = gb + GROUP_ROWS * header;
+    for (long c = 0; c < (block_bytes(type) - header) / 4; c++)
+        memcpy(b + header + 4 * c, q + 32 * c + 4 * lane, 4);
+}
+
+/* out [count, k_dim] float32 = the dequantized rows ids[0 .. count - 1] of w [n_rows] in the interleaved layout (an
+ * embedding's lookup in a tied LM head's blocks): each block's file bytes put back, then dequantized as
+ * `dequantize_rows` does, so the same values. Returns 0, or -1 for a type it does not know. */
+int dequantize_interleaved_rows(int type, const uint8_t *w, long n_rows, long k_dim, const long *ids, long count,
+                                float *out) {
+    const long per_block = block_bytes(type), blocks = k_dim / QK, full = n_rows / GROUP_ROWS * GROUP_ROWS;
+    if (!per_block)
+        return -1;
+    for (long r = 0; r < count; r++) {
+        const long id = ids[r];
+        if (id >= full) {  /* (the last rows, fewer than a group: the file's layout) */
+            dequantize_rows(type, w, k_dim, NULL, id, 1, out + r * k_dim);
+            continue;
+        }
+        const uint8_t *group = w + id / GROUP_ROWS * GROUP_ROWS * blocks * per_block;
+        uint8_t block[64];
+        for (long b = 0; b < blocks; b++) {
+            ungroup_block(type, group + b * GROUP_ROWS * per_block, (int)(id % GROUP_ROWS), block);
+            dequantize_rows(type, block, QK, NULL, 0, 1, out + r * k_dim + b * QK);
+        }
+    }
+    return 0;
+}
+
 /* ---- Attention in one fixed order (selfspec/kernel/attention.py; the engine's CPU attention where products round
  * activations to int8)
  * out[b, i, h, :] = softmax(q[b, h, i] . k[b, g, j] * scale over the keys j it sees) . v[b, g, j], g = h / (H / Hkv),

@@ -76,22 +76,6 @@ def q8_0_blocks(weight: torch.Tensor) -> torch.Tensor:
     return torch.cat([scale.view(torch.uint8), values.view(torch.uint8)], dim=-1).reshape(n_rows, -1).contiguous()
 
 
-def file_rows(blocks: torch.Tensor, qtype: int, ids: torch.Tensor) -> torch.Tensor:
-    """The file's bytes of rows `ids` (int64 [m]) of interleaved `blocks`: [m, row bytes], only their groups undone."""
-    n_rows, row_bytes = blocks.shape
-    full = n_rows // GROUP_ROWS * GROUP_ROWS
-    out = torch.empty(ids.numel(), row_bytes, dtype=torch.uint8)
-    grouped = ids < full
-    if grouped.any():
-        wanted = ids[grouped]
-        groups = blocks[:full].view(-1, GROUP_ROWS * row_bytes)[wanted // GROUP_ROWS]
-        rows = deinterleave(groups.view(-1, row_bytes), qtype).view(-1, GROUP_ROWS, row_bytes)
-        out[grouped] = rows[torch.arange(wanted.numel()), wanted % GROUP_ROWS]
-    if not grouped.all():
-        out[~grouped] = blocks[ids[~grouped]]
-    return out
-
-
 @lru_cache(maxsize=1)
 def _int8_entry_points():
     """(quantized_linear_int8, quantized_int8_paths) of the kernel's library; raises where it is unavailable."""

@@ -56,17 +56,20 @@ def unavailable_reason() -> str | None:
 
 @lru_cache(maxsize=1)
 def _entry_points():
-    """(quantized_linear, dequantize_rows) of the kernel's library; raises where it is unavailable."""
+    """(quantized_linear, dequantize_rows, dequantize_interleaved_rows) of the kernel's library; raises where it is
+    unavailable."""
     library = few_row_linear._kernel_library()
     if library is None:
         raise RuntimeError(f"selfspec's quantized kernel is unavailable: {unavailable_reason()}")
-    linear, rows = library.quantized_linear, library.dequantize_rows
+    linear, rows, grouped_rows = library.quantized_linear, library.dequantize_rows, library.dequantize_interleaved_rows
     linear.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
                        ctypes.c_void_p]
     rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_long, ctypes.c_long,
                      ctypes.c_void_p]
-    linear.restype = rows.restype = ctypes.c_int
-    return linear, rows
+    grouped_rows.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p,
+                             ctypes.c_long, ctypes.c_void_p]
+    linear.restype = rows.restype = grouped_rows.restype = ctypes.c_int
+    return linear, rows, grouped_rows
 
 
 def random_weight(qtype: int | str, out_features: int, in_features: int, seed: int = 0) -> "QuantizedWeight":
@@ -142,7 +145,7 @@ class QuantizedWeight:
 
     def rows(self, ids: torch.Tensor | None = None, first: int = 0, count: int | None = None) -> torch.Tensor:
         """[len(ids), in_features] float32: the dequantized rows `ids` (int64 [n]), or rows first .. first + count - 1."""
-        dequantize_rows = _entry_points()[1]
+        _, dequantize_rows, dequantize_interleaved_rows = _entry_points()
         n_rows, k_dim = self.shape
         if ids is not None:
             ids = ids.to(torch.long).contiguous()
@@ -153,12 +156,14 @@ class QuantizedWeight:
             count = n_rows - first if count is None else count
             if not (0 <= first and first + count <= n_rows):
                 raise IndexError(f"rows {first}..{first + count - 1} of {n_rows}")
-        out, blocks = torch.empty(count, k_dim), self.blocks
-        if self.interleaved:  # (the file's bytes of just these rows first)
-            blocks = int8.file_rows(blocks, self.qtype, torch.arange(first, first + count) if ids is None else ids)
-            ids, first = None, 0
-        dequantize_rows(self.qtype, blocks.data_ptr(), k_dim, None if ids is None else ids.data_ptr(), first,
-                        count, out.data_ptr())
+        out = torch.empty(count, k_dim)
+        if self.interleaved:  # (each block's file bytes put back in the kernel, then dequantized alike)
+            ids = torch.arange(first, first + count) if ids is None else ids
+            dequantize_interleaved_rows(self.qtype, self.blocks.data_ptr(), n_rows, k_dim, ids.data_ptr(), count,
+                                        out.data_ptr())
+        else:
+            dequantize_rows(self.qtype, self.blocks.data_ptr(), k_dim, None if ids is None else ids.data_ptr(), first,
+                            count, out.data_ptr())
         return out
 
     def dequantize(self) -> torch.Tensor:
