@@ -10,7 +10,7 @@ from __future__ import annotations
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicSlidingWindowLayer
 
-from selfspec.cache_layer import FULL_ATTENTION_LAYERS, append_in_place
+from selfspec.cache_layer import FULL_ATTENTION_LAYERS, AppendInPlaceLayer, append_in_place
 
 
 class KVCache:
@@ -28,6 +28,13 @@ class KVCache:
                     "back by length; selfspec supports attention-only decoders (Llama, Mistral, Qwen, Gemma, Phi, "
                     "GPT-2, ...)."
                 )
+
+    def reserve(self, tokens: int) -> None:
+        """Allocate room for `tokens` entries a layer at the first write (a prompt, its new tokens and the widest verify
+        block): the buffers are then written by position and never reallocated or copied while decoding."""
+        for layer in self.hf_cache.layers:
+            if isinstance(layer, AppendInPlaceLayer):
+                layer.reserved = tokens
 
     def layer_length(self, layer_idx: int) -> int:
         return self.hf_cache.layers[layer_idx].get_seq_length()

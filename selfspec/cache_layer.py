@@ -25,6 +25,9 @@ SPARE_COLUMNS = 64  # columns allocated past a block that runs out of room (a ch
 class AppendInPlaceLayer(DynamicLayer):
     _key_buffer: torch.Tensor | None = None  # [B, heads, capacity, head_dim]; keys is its [..., :length, :] view
     _value_buffer: torch.Tensor | None = None
+    # the capacity its first allocation takes at least (`KVCache.reserve`: a generation's whole length, so the buffers
+    # are allocated once and never copied while it decodes)
+    reserved: int = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -66,6 +69,7 @@ class AppendInPlaceLayer(DynamicLayer):
                 and self._key_buffer.shape[:2] == key_states.shape[:2])
 
     def _reallocate(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int, capacity: int) -> None:
+        capacity = max(capacity, self.reserved)
         buffers = []
         for held, states in ((self.keys, key_states), (self.values, value_states)):
             buffer = states.new_empty((*states.shape[:-2], capacity, states.shape[-1]))

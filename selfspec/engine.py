@@ -45,6 +45,9 @@ from selfspec.verify_step import verify_chain, verify_in_shadow, verify_tree
 # do. A fixed k pays the full verify cost even for useless drafts (0.63-0.69x of speculation off on this project's
 # CPU with random drafts), which no default may do.
 DEFAULT_NUM_DRAFT_TOKENS = "auto"
+# new tokens a generation's cache is allocated for at its start (a choice: past it, the buffers grow 64 tokens at a time
+# as before, so a large max_new_tokens that EOS cuts short does not hold memory it never uses)
+RESERVED_NEW_TOKENS = 1024
 SEED_RANGE = (-2**63, 2**64 - 1)  # what torch's manual_seed takes
 
 
@@ -363,6 +366,10 @@ class SelfSpecModel:
         """Prefill, then propose -> verify -> accept -> roll back -> feed back; yields once per target forward the
         tokens it commits (the prefill's first token, then each step's accepted drafts + recovered/bonus token)."""
         target, cache, clock = self.target, self.target.new_cache(), recorder.clock
+        # the cache's buffers allocated once for the prompt, its new tokens (up to RESERVED_NEW_TOKENS) and the widest
+        # verify block: written by position, never copied while decoding
+        widest = (self.tree_size or MAX_DRAFT_TOKENS) + 1
+        cache.reserve(prompt.shape[0] + min(stop.max_new_tokens, RESERVED_NEW_TOKENS) + widest)
         buffer = prompt.new_empty(prompt.shape[0] + stop.max_new_tokens)  # [tokens]: committed ids, then the pending one
         buffer[: prompt.shape[0]] = prompt
         probe_rng = random.Random(0)  # scores sampled probes in shadow; never the user's generator

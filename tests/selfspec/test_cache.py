@@ -77,3 +77,31 @@ def test_cache_length_equals_committed_length_and_memory_does_not_grow_with_reje
     # trace of the ~900 rejected tokens.
     final_bound = (prompt.shape[1] + 150 + 7 + SPARE_COLUMNS) * column_bytes(model)
     assert max(drafter.cache_bytes) <= final_bound
+
+
+def test_a_generation_allocates_its_cache_once(monkeypatch):
+    """The engine reserves the prompt, its new tokens and the widest verify block: each layer's buffers are allocated
+    at the first write and never again while drafting, rejecting and rolling back. Catches (planted): no reservation
+    (the buffers then grow SPARE_COLUMNS at a time)."""
+    from selfspec.cache_layer import AppendInPlaceLayer
+
+    model = tiny_model("llama")
+    allocations = []
+    real = AppendInPlaceLayer._reallocate
+
+    def counted(layer, *args):
+        allocations.append(layer)
+        return real(layer, *args)
+
+    monkeypatch.setattr(AppendInPlaceLayer, "_reallocate", counted)
+    engine = SelfSpecModel(model, drafter="ngram")
+    prompt = random_prompt(8, seed=3)
+    engine.generate(prompt, max_new_tokens=4)  # (the wrapper's first-call checks make caches of their own)
+    allocations.clear()
+    out = engine.generate(prompt, max_new_tokens=2 * SPARE_COLUMNS + 10, num_draft_tokens=3, eos_token_id=[])
+    assert out.stats.drafted > 0
+    assert len(allocations) == model.config.num_hidden_layers == len(set(map(id, allocations)))
+    monkeypatch.setattr(KVCache, "reserve", lambda cache, tokens: None)
+    allocations.clear()
+    engine.generate(prompt, max_new_tokens=2 * SPARE_COLUMNS + 10, num_draft_tokens=3, eos_token_id=[])
+    assert len(allocations) > model.config.num_hidden_layers
