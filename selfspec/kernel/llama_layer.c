@@ -47,6 +47,12 @@ INLINE void quantize_row(const float *x, long r, long k_dim, int8_rows a) {
     quantize_activations(x, 1, k_dim, a.q + r * k_dim, a.d + r * blocks, a.s + r * blocks, a.sum + r * blocks);
 }
 
+/* Block `item` (row item / (k_dim / QK), its block item % (k_dim / QK)) of rows x [rows, k_dim] to int8: blocks are
+ * rounded alone, so a row's few blocks can be shared between threads (one row of a decode would leave one idle). */
+INLINE void quantize_block(const float *x, long item, int8_rows a) {
+    quantize_activations(x + item * QK, 1, QK, a.q + item * QK, a.d + item, a.s + item, a.sum + item);
+}
+
 /* This thread's share of y [rows, n_dim] (rows ldy apart) = the int8 rows a times w (interleaved, n_dim %
  * GROUP_ROWS == 0). */
 INLINE void shared_product(int path, int type, int8_rows a, long rows, long k_dim, const uint8_t *w, long n_dim,
@@ -184,9 +190,9 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        thread_share(rows, &lo, &hi);
-        for (long r = lo; r < hi; r++)
-            quantize_row(attended + r * HD, r, HD, a_attended);
+        thread_share(rows * (HD / QK), &lo, &hi);
+        for (long item = lo; item < hi; item++)
+            quantize_block(attended, item, a_attended);
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
@@ -194,6 +200,7 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
+        thread_share(rows, &lo, &hi);
         for (long r = lo; r < hi; r++) {
             float *xr = x + r * hidden, *normed = out + r * hidden;
             for (long j = 0; j < hidden; j++)
@@ -209,12 +216,14 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
-        for (long r = lo; r < hi; r++) {
-            const float *gate = gu + r * 2 * I, *up = gate + I;
-            float *ar = act + r * I;
-            for (long j = 0; j < I; j++)
-                ar[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
-            quantize_row(ar, r, I, a_act);
+        thread_share(rows * (I / QK), &lo, &hi);
+        for (long item = lo; item < hi; item++) {  /* (block b of row r: act[r, 32 b ..]) */
+            const long r = item / (I / QK), b = item % (I / QK);
+            const float *gate = gu + r * 2 * I + b * QK, *up = gate + I;
+            float *ab = act + item * QK;
+            for (long j = 0; j < QK; j++)
+                ab[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
+            quantize_block(act, item, a_act);
         }
 #ifdef _OPENMP
 #pragma omp barrier
@@ -223,6 +232,7 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
 #ifdef _OPENMP
 #pragma omp barrier
 #endif
+        thread_share(rows, &lo, &hi);
         for (long r = lo; r < hi; r++)
             for (long j = 0; j < hidden; j++)
                 x[r * hidden + j] = x[r * hidden + j] + out[r * hidden + j];
