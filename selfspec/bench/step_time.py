@@ -66,7 +66,11 @@ def describe_breakdown(breakdown: dict, plain_tokens_per_s: float | None) -> str
             f"kernel products {products:.1f} ms when run alone, the rest {max(forward - products, 0.0):.1f} ms), "
             f"LM head {head:.1f} ms")
     if plain_tokens_per_s:
-        engine = 1000.0 / plain_tokens_per_s - forward - head
-        line += f"; speculation off spent {1000.0 / plain_tokens_per_s:.1f} ms a token, {engine:.1f} ms of it elsewhere"
-        line += " (the engine's bookkeeping, sampling, the prefill's share)"
+        token_ms = 1000.0 / plain_tokens_per_s
+        engine = token_ms - forward - head
+        line += f"; speculation off spent {token_ms:.1f} ms a token"
+        if engine >= 0:
+            line += f", {engine:.1f} ms of it elsewhere (the engine's bookkeeping, sampling, the prefill's share)"
+        else:  # (the two were timed apart, and this machine's speed drifts)
+            line += ", less than the forward and LM head timed here: the machine's speed moved between the two"
     return line

@@ -805,4 +805,6 @@ def test_the_step_breakdown_times_the_forward_its_products_and_the_lm_head(needs
     assert 0 < breakdown["products_ms"]
     line = describe_breakdown(breakdown, 1000.0 / (breakdown["forward_ms"] + breakdown["lm_head_ms"] + 1.0))
     assert "plain Llama forward" in line and "1.0 ms of it elsewhere" in line
+    faster = describe_breakdown(breakdown, 2000.0 / (breakdown["forward_ms"] + breakdown["lm_head_ms"]))
+    assert "elsewhere" not in faster and "speed moved" in faster  # (no negative time left for the engine)
     assert step_breakdown(model)["products_ms"] == 0.0  # (float weights: no kernel products to time alone)
