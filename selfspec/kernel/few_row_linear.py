@@ -134,7 +134,12 @@ def kernel_isa() -> str | None:
 @lru_cache(maxsize=1)
 def kernel_version() -> str:
     """A digest of the kernel's source and instruction set: what a verify-cost curve learned with it depends on."""
-    return hashlib.sha256(b"".join(path.read_bytes() for path in SOURCES) + str(kernel_isa()).encode()).hexdigest()[:12]
+    return hashlib.sha256(_source() + str(kernel_isa()).encode()).hexdigest()[:12]
+
+
+def _source() -> bytes:
+    """The text the library is built from (every file of SOURCES)."""
+    return b"".join(path.read_bytes() for path in SOURCES)
 
 
 def unavailable_reason() -> str | None:
@@ -444,7 +449,7 @@ def _library(path: Path) -> ctypes.CDLL:
 def _build(compiler: str, isa_flags: list[str]) -> Path:
     """The cached library for these flags, built (again) unless its checksum file vouches for it: a truncated .so
     (a full disk, an interrupted copy) kills the process that loads it with SIGBUS, in every later run too."""
-    source, flags = b"".join(path.read_bytes() for path in SOURCES), [*FLAGS, *isa_flags]
+    source, flags = _source(), [*FLAGS, *isa_flags]
     key = hashlib.sha256(source + " ".join([compiler, *flags]).encode()).hexdigest()[:16]
     library = cache_dir() / "kernels" / f"few_row_linear-{key}.so"
     checksum = library.with_name(library.name + ".sha256")

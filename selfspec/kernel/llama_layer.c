@@ -10,6 +10,13 @@
  * computes the GGUF model as llama.cpp does, not bit for bit what `transformers`' modules compute over the same
  * products. Included by few_row_linear.c (one library); needs AVX2 + FMA (as the ordered attention does). */
 
+/* Every thread of the region waits here for the others (nothing outside a parallel region or without OpenMP). */
+#ifdef _OPENMP
+#define BARRIER() _Pragma("omp barrier")
+#else
+#define BARRIER()
+#endif
+
 /* This thread's share [lo, hi) of `count` items (all of them outside a parallel region). */
 INLINE void thread_share(long count, long *lo, long *hi) {
 #ifdef _OPENMP
@@ -78,7 +85,7 @@ static void rotate_head(const float *x, const float *cos, const float *sin, long
     }
 }
 
-static int layer_threads(long weights) {
+INLINE int layer_threads(long weights) {
     int threads = 1;
 #ifdef _OPENMP
     if (!omp_in_parallel() && weights >= 4 * WEIGHTS_PER_THREAD)
@@ -123,16 +130,12 @@ int llama_attention_in(int path, long B, long W, long hidden, const float *x, co
             rms_norm_row(x + r * hidden, hidden, norm_w, eps, normed + r * hidden);
             quantize_row(normed + r * hidden, r, hidden, a);
         }
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         /* (each thread its share of each product: their outputs are disjoint columns, no barrier between) */
         shared_product(path, q_type, a, rows, hidden, q_w, H * D, n_qkv, joined);
         shared_product(path, k_type, a, rows, hidden, k_w, Hkv * D, n_qkv, joined + H * D);
         shared_product(path, v_type, a, rows, hidden, v_w, Hkv * D, n_qkv, joined + (H + Hkv) * D);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         thread_share(rows * (H + 2 * Hkv), &lo, &hi);
         for (long item = lo; item < hi; item++) {
             const long r = item / (H + 2 * Hkv), head = item % (H + 2 * Hkv), b = r / W, i = r % W;
@@ -187,19 +190,13 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
                        attended + (b * W + i) * HD + h * D);
         }
         free(scores);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         thread_share(rows * (HD / QK), &lo, &hi);
         for (long item = lo; item < hi; item++)
             quantize_block(attended, item, a_attended);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         shared_product(path, o_type, a_attended, rows, HD, o, hidden, hidden, out);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         thread_share(rows, &lo, &hi);
         for (long r = lo; r < hi; r++) {
             float *xr = x + r * hidden, *normed = out + r * hidden;
@@ -208,14 +205,10 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
             rms_norm_row(xr, hidden, norm_w, eps, normed);  /* (out's row is free again: the norm goes there) */
             quantize_row(normed, r, hidden, a_normed);
         }
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         shared_product(path, gate_type, a_normed, rows, hidden, gate, I, 2 * I, gu);
         shared_product(path, up_type, a_normed, rows, hidden, up_w, I, 2 * I, gu + I);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         thread_share(rows * (I / QK), &lo, &hi);
         for (long item = lo; item < hi; item++) {  /* (block b of row r: act[r, 32 b ..]) */
             const long r = item / (I / QK), b = item % (I / QK);
@@ -225,13 +218,9 @@ int llama_attention_out(int path, long B, long W, long hidden, float *x, const f
                 ab[j] = gate[j] / (1.0f + expf(-gate[j])) * up[j];
             quantize_block(act, item, a_act);
         }
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         shared_product(path, down_type, a_act, rows, I, down, hidden, hidden, out);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+        BARRIER();
         thread_share(rows, &lo, &hi);
         for (long r = lo; r < hi; r++)
             for (long j = 0; j < hidden; j++)

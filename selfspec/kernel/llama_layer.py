@@ -36,6 +36,12 @@ def _entry_points(isa: str | None):
     return attention_in, attention_out
 
 
+def _products(layer) -> tuple:
+    """A decoder layer's seven products, in the order the kernel's calls take them."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj
+
+
 def _check(status: int, call: str) -> None:
     if status:
         raise RuntimeError(f"the kernel's {call} failed ({status})")
@@ -51,7 +57,7 @@ class KernelLayer:
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.linears = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        self.linears = _products(layer)
         self.input_norm, self.post_norm = layer.input_layernorm, layer.post_attention_layernorm
         self.heads = attn.q_proj.out_features // attn.head_dim
         self.kv_heads = attn.k_proj.out_features // attn.head_dim
@@ -64,15 +70,14 @@ class KernelLayer:
         output rows and whole blocks of input; float32 norms), else None. Each product may hold its own type (a
         Q4_K_M file mixes them). Whether they run on the int8 backend now is `active()`'s question, asked at every
         forward."""
-        attn, mlp = layer.self_attn, layer.mlp
         if few_row_linear._kernel_library() is None:
             return None
-        for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+        for linear in _products(layer):
             if (type(linear) is not QuantizedLinear or linear.bias is not None or linear.out_features % int8.GROUP_ROWS
                     or linear.in_features % 32):
                 return None
         norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-        if any(w.dtype is not torch.float32 or not w.is_contiguous() for w in norms) or attn.head_dim % 8:
+        if any(w.dtype is not torch.float32 or not w.is_contiguous() for w in norms) or layer.self_attn.head_dim % 8:
             return None
         return cls(layer)
 
